@@ -1,0 +1,1 @@
+"""DFlash Studio engine: block speculative decoding on the OpenVINO runtime (no Qt here)."""

@@ -1,0 +1,48 @@
+"""The contract between the engine and its consumers (CLI, app, bench): one event per target step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepTimings:
+    """Wall-clock parts of one step, in milliseconds (the seed's draft_step / draft_model metrics)."""
+
+    draft_step_ms: float = 0.0  # the whole drafting stage (inputs, backbone, selection)
+    draft_model_ms: float = 0.0  # the draft backbone inference alone
+    markov_head_ms: float = 0.0  # Markov head / selector inference (0 without a head)
+    sampling_ms: float = 0.0  # candidate selection on the host
+    target_ms: float = 0.0  # target inference (prefill or verification)
+    total_ms: float = 0.0  # the whole step
+
+
+@dataclass
+class TextPiece:
+    """A run of decoded text and whether its tokens were drafted and accepted (for colouring)."""
+
+    text: str
+    from_draft: bool
+
+
+@dataclass
+class StepEvent:
+    """What one target step did for one request.
+
+    `tokens` are the tokens committed this step: the first `accepted` of them are draft tokens the
+    target accepted, the last one (if any) is the target's own token (correction or bonus).
+    """
+
+    request_id: int
+    step: int  # 0 = prefill (emits the first token), then one per verification
+    drafted: list[int] = field(default_factory=list)
+    accepted: int = 0
+    tokens: list[int] = field(default_factory=list)
+    pieces: list[TextPiece] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "cancelled"
+    timings: StepTimings = field(default_factory=StepTimings)
+    confidence: list[float] | None = None  # per drafted position, drafts with a confidence head
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.pieces)

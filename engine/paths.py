@@ -1,0 +1,41 @@
+"""Where the app keeps models, history and caches: a per-user data folder, never the repo."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "dflash-studio"
+
+
+def user_data_dir() -> Path:
+    """Root of everything the app writes; DFLASH_STUDIO_HOME overrides it (tests, portable installs)."""
+    override = os.environ.get("DFLASH_STUDIO_HOME")
+    root = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def models_dir() -> Path:
+    d = user_data_dir() / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def default_target_dir() -> Path:
+    """The embedded default target (SmolLM2-135M-Instruct) as prepared by `dflash-studio prepare`."""
+    return models_dir() / "SmolLM2-135M-Instruct-ov"
+
+
+def default_drafts_dir() -> Path:
+    """Drafts shipped in resources/ and exported for the embedded default target by `prepare`."""
+    d = models_dir() / "drafts"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def history_dir() -> Path:
+    d = user_data_dir() / "history"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
