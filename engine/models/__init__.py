@@ -1,0 +1,1 @@
+"""Model wrappers over the OpenVINO runtime: target, draft, tokenizer."""

@@ -1,0 +1,26 @@
+"""Compile properties per device and precision mode.
+
+"exact" pins f32 inference, an f32 KV cache and no dynamic quantization: only then does a target
+that scores k tokens in one inference give the same argmax as k one-token steps, so greedy
+speculative output equals the target alone's token for token (docs/openvino-notes: bf16/u8/int8
+near-ties differ legitimately). "default" keeps the device's fast defaults.
+"""
+from __future__ import annotations
+
+PRECISIONS = ("default", "f32")
+
+EXACT_PROPERTIES: dict[str, str] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+}
+
+
+def compile_properties(device: str, precision: str = "default") -> dict[str, str]:
+    """Properties for core.compile_model; raises ValueError for an unknown precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}.")
+    props: dict[str, str] = {"PERFORMANCE_HINT": "LATENCY"}
+    if precision == "f32":
+        props.update(EXACT_PROPERTIES)
+    return props
