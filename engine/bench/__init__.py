@@ -1,0 +1,1 @@
+"""Benchmarks: prompt sets, peers (openvino_genai) and result tables."""

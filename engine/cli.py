@@ -1,0 +1,203 @@
+"""`dflash-studio` command line: gui, generate, bench, export, prepare, devices."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.errors import DFlashError
+
+
+def _progress_printer(quiet: bool = False):
+    """A progress callback that draws one updating line on stderr."""
+    def show(message: str, fraction: float | None = None) -> None:
+        if quiet:
+            return
+        bar = ""
+        if fraction is not None:
+            filled = int(max(0.0, min(1.0, fraction)) * 30)
+            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}% "
+        print(f"\r{bar}{message[:80]:<80}", end="", file=sys.stderr, flush=True)
+        if fraction is not None and fraction >= 1.0:
+            print(file=sys.stderr)
+    return show
+
+
+def default_draft_dir() -> Path | None:
+    """The best prepared draft for the embedded default target, or None."""
+    from engine.paths import default_drafts_dir
+
+    best = default_drafts_dir() / "best.txt"
+    if best.is_file():
+        folder = default_drafts_dir() / best.read_text().strip()
+        if (folder / "openvino_model.xml").is_file():
+            return folder
+    return None
+
+
+def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    if args.target:
+        target = Path(args.target)
+    else:
+        from engine.paths import default_target_dir
+        from engine.prepare import is_prepared
+
+        target = default_target_dir()
+        if not is_prepared(target):
+            raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
+                              "`dflash-studio prepare` first, or pass --target DIR.")
+    if args.draft is None:
+        draft = default_draft_dir() if not args.target else None
+    elif args.draft.lower() == "none":
+        draft = None
+    else:
+        draft = Path(args.draft)
+    return target, draft
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.config import GenerationConfig
+    from engine.pipeline import SpeculativePipeline
+
+    target, draft = _resolve_models(args)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens,
+                              stop_strings=list(args.stop or []))
+    config.validate()
+    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision)
+
+    def stream(event) -> None:
+        if not args.json:
+            print(event.text, end="", flush=True)
+
+    result = pipe.generate(args.prompt, config, chat=args.chat, on_event=stream)
+    if args.json:
+        out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+               "target": str(target), "draft": str(draft) if draft else None, **result.metrics.as_dict()}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        m = result.metrics
+        print(f"\n\n[{m.generated_tokens} tokens, {m.target_steps} target steps, {m.tokens_per_step:.2f} tokens/step, "
+              f"TTFT {m.ttft_ms:.1f} ms, TPOT {m.tpot_ms:.2f} ms, {m.decode_tok_s:.1f} tok/s, "
+              f"draft {m.draft_name or 'none'}]", file=sys.stderr)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from engine.prepare import prepare_default
+
+    path = prepare_default(force=args.force, weight_format=args.weight_format, progress=_progress_printer(args.quiet))
+    print(path)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    show = _progress_printer()
+    if args.kind == "target":
+        from engine.export.target import export_target
+
+        out = export_target(Path(args.input), Path(args.output), weight_format=args.weight_format,
+                            progress=lambda m: show(m))
+    else:
+        from engine.export.draft import export_draft
+
+        out = export_draft(Path(args.input), Path(args.output), weight_format=args.weight_format)
+    print(f"\n{out}", file=sys.stderr)
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from engine.devices import list_devices
+
+    devices = list_devices()
+    if args.json:
+        print(json.dumps([d.__dict__ for d in devices]))
+    else:
+        for d in devices:
+            note = f"  ({d.notice})" if d.notice else ""
+            print(f"{d.name:8} {d.full_name}{note}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench.runner import run_cli
+
+    return run_cli(args)
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    from app.__main__ import main as gui_main
+
+    return gui_main(args.qt_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__)
+    sub = p.add_subparsers(dest="command")
+
+    g = sub.add_parser("gui", help="open the desktop app (the default)")
+    g.add_argument("qt_args", nargs="*", help=argparse.SUPPRESS)
+    g.set_defaults(func=cmd_gui)
+
+    def model_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
+        sp.add_argument("--draft", help="draft folder, or 'none' for the target alone (default: the best prepared draft)")
+        sp.add_argument("--device", default="CPU", help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
+        sp.add_argument("--precision", choices=["default", "f32"], default="default",
+                        help="f32 pins exact inference (f32, f32 KV cache, no dynamic quantization)")
+
+    gen = sub.add_parser("generate", help="generate once and print the text (or --json)")
+    model_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="apply the chat template (default: when the model has one)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--num-assistant-tokens", type=int, default=None, help="candidates per step (default: block-1)")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true")
+    gen.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")
+    model_args(b)
+    b.set_defaults(draft=None)
+    from engine.bench.runner import add_bench_args
+
+    add_bench_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
+    e.add_argument("--kind", choices=["target", "draft"], required=True)
+    e.add_argument("--input", required=True, help="Hugging Face checkpoint folder")
+    e.add_argument("--output", required=True, help="OpenVINO folder to write")
+    e.add_argument("--weight-format", default=None, help="int4|int8|fp16|fp32 (target default int8, draft fp32)")
+    e.set_defaults(func=cmd_export)
+
+    pr = sub.add_parser("prepare", help="build the embedded default models into the user data folder")
+    pr.add_argument("--force", action="store_true", help="rebuild even if prepared")
+    pr.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
+    pr.add_argument("--quiet", action="store_true")
+    pr.set_defaults(func=cmd_prepare)
+
+    d = sub.add_parser("devices", help="list OpenVINO devices")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_devices)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        args = build_parser().parse_args(["gui", *(argv or [])])
+    if getattr(args, "weight_format", "x") is None:
+        args.weight_format = "int8" if args.kind == "target" else "fp32"
+    try:
+        return args.func(args)
+    except (DFlashError, ValueError) as exc:
+        print(f"dflash-studio: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
