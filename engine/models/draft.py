@@ -196,7 +196,7 @@ class DraftModel:
             "position_ids": np.arange(self.committed, total, dtype=np.int64).reshape(1, -1),
             "attention_mask": np.ones((1, total), np.int64),
             "beam_idx": self._beam,
-        })
+        }, share_inputs=True, share_outputs=True)
         self.last_model_ms = (time.perf_counter() - t0) * 1e3
         self.committed += rows
         return self.request.get_tensor("draft_token_ids").data.reshape(-1).copy()

@@ -98,7 +98,15 @@ def edit_target_graph(model: ov.Model, tap_layers: list[int] | None) -> ov.Model
 
 
 class TargetModel:
-    """A compiled stateful target with one infer request (one sequence at a time)."""
+    """A compiled stateful target with one infer request (one sequence at a time).
+
+    Rollback is lazy: rejected tokens stay in the KV cache, masked out by `attention_mask` (their
+    keys get the mask's large negative bias, i.e. exactly zero weight), while `position_ids` carry
+    the logical positions. Cutting 60 KV states after every rejection would cost about a decode
+    step on a small model; instead the cache is compacted only when masked slots pile up.
+    """
+
+    COMPACT_MIN_SLOTS = 256  # compact when masked slots exceed this and the committed length
 
     def __init__(self, folder: Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None) -> None:
@@ -109,43 +117,65 @@ class TargetModel:
         model = core.read_model(self.folder / "openvino_model.xml")
         self.num_layers = num_decoder_layers(model)
         self.vocab_size = int(model.output("logits").get_partial_shape()[2].get_length())
-        self.hidden_size = int(model.output("logits").get_node().input_value(0).get_node().input_value(0)
-                               .get_partial_shape()[2].get_length())
+        self.hidden_size = int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length())
         self.tap_layers = list(tap_layers) if tap_layers else []
         edit_target_graph(model, self.tap_layers)
         self.compiled = core.compile_model(model, device, properties)
         self.request = self.compiled.create_infer_request()
-        self.length = 0  # tokens held in the KV cache
         self._beam = np.zeros(1, np.int32)
+        self._mask = np.ones((1, 4096), np.int64)  # attention_mask over physical cache slots
+        self.length = 0  # committed tokens (logical length)
+        self.physical = 0  # slots in the KV cache, masked ones included
+        self.compactions = 0
 
     def reset(self) -> None:
         self.request.reset_state()
         self.length = 0
+        self.physical = 0
+        self._mask[:] = 1
 
     def infer(self, ids: list[int] | np.ndarray, logit_rows: int = 1, want_logits: bool = False) -> TargetOutput:
         """Append `ids` at positions length.. and return argmax ids of the last `logit_rows` rows."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         n = ids.shape[1]
-        start = self.length
+        total = self.physical + n
+        if total > self._mask.shape[1]:
+            grown = np.ones((1, max(total, 2 * self._mask.shape[1])), np.int64)
+            grown[:, : self.physical] = self._mask[:, : self.physical]
+            self._mask = grown
+        self._mask[:, self.physical: total] = 1
         inputs = {
             "input_ids": ids,
-            "attention_mask": np.ones((1, start + n), np.int64),
-            "position_ids": np.arange(start, start + n, dtype=np.int64).reshape(1, -1),
+            "attention_mask": self._mask[:, :total],
+            "position_ids": np.arange(self.length, self.length + n, dtype=np.int64).reshape(1, -1),
             "beam_idx": self._beam,
             "logits_indices": np.arange(n - logit_rows, n, dtype=np.int64),
         }
-        self.request.infer(inputs)
-        self.length = start + n
+        self.request.infer(inputs, share_inputs=True, share_outputs=True)
+        self.length += n
+        self.physical = total
         next_ids = self.request.get_tensor("next_token_ids").data.reshape(-1)
         logits = self.request.get_tensor("logits").data[0] if want_logits else None
         hidden = self.request.get_tensor("target_hidden").data[0] if self.tap_layers else None
         return TargetOutput(next_ids=next_ids.copy(), logits=logits, hidden=hidden)
 
     def trim(self, new_length: int) -> None:
-        """Cut the KV cache back to `new_length` tokens (after a rejection)."""
-        if new_length >= self.length:
+        """Forget the last `length - new_length` tokens (after a rejection): mask their slots."""
+        drop = self.length - new_length
+        if drop <= 0:
             return
+        self._mask[:, self.physical - drop: self.physical] = 0
+        self.length = new_length
+        masked = self.physical - self.length
+        if masked > max(self.COMPACT_MIN_SLOTS, self.length):
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop the masked slots from every KV state (an occasional copy instead of one per rejection)."""
+        keep = np.flatnonzero(self._mask[0, : self.physical])
         for state in self.request.query_state():
             data = state.state.data
-            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, :new_length]))
-        self.length = new_length
+            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, keep]))
+        self.physical = len(keep)
+        self._mask[:, : self.physical] = 1
+        self.compactions += 1
