@@ -1,0 +1,1 @@
+"""Chat: message model, history store (JSONL, atomic writes), streaming view and input box."""

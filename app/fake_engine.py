@@ -1,0 +1,233 @@
+"""A stand-in for engine.pipeline.SpeculativePipeline that needs no model (tests, benchmark, demo).
+
+It follows the same contract (load / add_request / step / has_unfinished / cancel / metrics) and
+emits engine.events.StepEvent objects, so the app cannot tell it apart from the real engine. Its
+"tokens" are words of a fixed text; which drafted words are accepted comes from a seeded random
+generator. It runs no model and holds no model math.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import GenerationConfig
+from engine.errors import DFlashError
+from engine.events import StepEvent, StepTimings, TextPiece
+
+SAMPLE_TEXT = (
+    "Block speculative decoding lets a small draft propose a whole block of tokens at once. "
+    "The target model then checks the block in a single step and keeps the longest prefix it "
+    "agrees with, plus one token of its own. When the draft guesses well, each target step "
+    "commits several tokens, so the answer arrives faster while staying exactly what the target "
+    "would have written alone. The green runs in this reply are the tokens the target accepted "
+    "from the draft; the plain runs are tokens the target produced itself. "
+)
+
+
+@dataclass
+class FakeMetrics:
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    decode_tok_s: float = 0.0
+    target_steps: int = 0
+    tokens_per_step: float = 0.0
+    acceptance_rate: float = 0.0
+    acceptance_by_position: list[float] = field(default_factory=list)
+    draft_name: str | None = None
+    device: str = "CPU"
+
+
+@dataclass
+class _Request:
+    rid: int
+    config: GenerationConfig
+    words: list[str]
+    produced: int = 0
+    step: int = 0
+    cancelled: bool = False
+    finished: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    drafted_total: int = 0
+    accepted_total: int = 0
+    reached: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+
+
+class FakePipeline:
+    """Deterministic fake engine. `tokens_per_second` paces it (0 = as fast as possible)."""
+
+    block_size = 8
+
+    def __init__(self, target_dir=None, draft_dir=None, device="CPU", *, tokens_per_second: float = 0.0,
+                 step_delay_s: float = 0.0, acceptance: float = 0.7, seed: int = 0,
+                 text: str = SAMPLE_TEXT, has_chat_template: bool = True,
+                 fail_on_step: int | None = None, prefill_delay_s: float = 0.0) -> None:
+        self.target_name = Path(target_dir).name if target_dir else "fake-target"
+        self.draft_name = Path(draft_dir).name if draft_dir else None
+        self.device = device
+        self.has_chat_template = has_chat_template
+        self.tokens_per_second = tokens_per_second
+        self.step_delay_s = step_delay_s
+        self.acceptance = acceptance
+        self.fail_on_step = fail_on_step
+        self.prefill_delay_s = prefill_delay_s
+        self._rng = random.Random(seed)
+        self._words = [w + " " for w in text.split()]
+        self._requests: dict[int, _Request] = {}
+        self._next_id = 1
+        self._lock = threading.Lock()
+        self.prompts: list[object] = []  # what add_request received (tests look at it)
+        self.configs: list[GenerationConfig] = []
+        self.step_calls = 0
+        self.thread_ids: set[int] = set()  # threads the engine was called from (must be one)
+
+    @classmethod
+    def load(cls, target_dir, draft_dir=None, device="CPU", precision="default", **kw) -> "FakePipeline":
+        if target_dir is not None and not Path(target_dir).exists():
+            raise DFlashError(f"Target folder {target_dir} does not exist.")
+        return cls(target_dir, draft_dir, device, **kw)
+
+    # -- the SpeculativePipeline contract --------------------------------------------------------
+    def add_request(self, prompt, config: GenerationConfig, chat: bool | None = None) -> int:
+        self.thread_ids.add(threading.get_ident())
+        config.validate()
+        self.prompts.append(prompt)
+        self.configs.append(config)
+        rid = self._next_id
+        self._next_id += 1
+        words = []
+        while len(words) < config.max_new_tokens:
+            words.extend(self._words)
+        self._requests[rid] = _Request(rid, config, words[: config.max_new_tokens])
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return any(not r.finished for r in self._requests.values())
+
+    def cancel(self, request_id: int) -> None:
+        r = self._requests.get(request_id)
+        if r is not None:
+            r.cancelled = True
+
+    def step(self) -> list[StepEvent]:
+        self.thread_ids.add(threading.get_ident())
+        self.step_calls += 1
+        if self.fail_on_step is not None and self.step_calls >= self.fail_on_step:
+            raise RuntimeError("fake engine failure: the target's infer request raised")
+        out: list[StepEvent] = []
+        n_committed = 0
+        for r in list(self._requests.values()):
+            if r.finished:
+                continue
+            if r.cancelled:
+                r.finished = True
+                out.append(StepEvent(r.rid, r.step, finished=True, finish_reason="cancelled"))
+                continue
+            if r.step == 0 and self.prefill_delay_s > 0:
+                time.sleep(self.prefill_delay_s)
+            ev = self._advance(r)
+            n_committed += len(ev.tokens)
+            out.append(ev)
+        self._pace(n_committed)
+        return out
+
+    def generate(self, prompt, config, on_event=None):
+        rid = self.add_request(prompt, config)
+        text = []
+        while self.has_unfinished():
+            for ev in self.step():
+                if ev.request_id == rid:
+                    text.append(ev.text)
+                    if on_event:
+                        on_event(ev)
+        return "".join(text)
+
+    def metrics(self, request_id: int) -> FakeMetrics:
+        r = self._requests[request_id]
+        n = r.produced
+        decode_s = (r.last_token_at - r.first_token_at) if r.first_token_at and r.last_token_at else 0.0
+        steps = max(r.step - 1, 0)  # verification steps (step 0 is the prefill)
+        return FakeMetrics(
+            ttft_ms=((r.first_token_at or r.started) - r.started) * 1000.0,
+            tpot_ms=(decode_s * 1000.0 / (n - 1)) if n > 1 else 0.0,
+            decode_tok_s=((n - 1) / decode_s) if decode_s > 0 else 0.0,
+            target_steps=r.step,
+            tokens_per_step=((n - 1) / steps) if steps else 0.0,
+            acceptance_rate=(r.accepted_total / r.drafted_total) if r.drafted_total else 0.0,
+            acceptance_by_position=[h / c if c else 0.0 for h, c in zip(r.hits, r.reached)],
+            draft_name=self.draft_name,
+            device=self.device,
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+    def _advance(self, r: _Request) -> StepEvent:
+        now = time.perf_counter()
+        remaining = len(r.words) - r.produced
+        if r.step == 0:  # prefill: the first token, from the target
+            tokens, accepted, drafted = [r.produced], 0, []
+        else:
+            # Without a draft the target makes one token per step, as the real engine does.
+            k = (r.config.num_assistant_tokens or self.block_size - 1) if self.draft_name is not None else 0
+            drafted = list(range(r.produced, r.produced + k))
+            accepted = 0
+            while accepted < k and self._rng.random() < self.acceptance:
+                accepted += 1
+            for pos in range(k):
+                if pos >= len(r.reached):
+                    r.reached.append(0)
+                    r.hits.append(0)
+                if pos <= accepted:  # positions the verdict reached
+                    r.reached[pos] += 1
+                    r.hits[pos] += pos < accepted
+            r.drafted_total += k
+            r.accepted_total += accepted
+            tokens = list(range(r.produced, r.produced + accepted + 1))
+        tokens = tokens[:remaining]
+        accepted = min(accepted, len(tokens))
+        pieces: list[TextPiece] = []
+        for i, tok in enumerate(tokens):
+            from_draft = i < accepted
+            word = r.words[tok]
+            if pieces and pieces[-1].from_draft == from_draft:
+                pieces[-1] = TextPiece(pieces[-1].text + word, from_draft)
+            else:
+                pieces.append(TextPiece(word, from_draft))
+        r.produced += len(tokens)
+        if tokens:
+            if r.first_token_at is None:
+                r.first_token_at = now
+            r.last_token_at = now
+        done = r.produced >= len(r.words)
+        r.finished = done
+        jitter = self._rng.uniform(0.9, 1.1)
+        draft_ms = 0.0 if r.step == 0 else (0.2 + 0.05 * len(drafted)) * jitter
+        target_ms = (1.0 + 0.1 * len(tokens)) * self._rng.uniform(0.9, 1.1)
+        ev = StepEvent(
+            request_id=r.rid, step=r.step, drafted=drafted, accepted=accepted, tokens=tokens,
+            pieces=pieces, finished=done, finish_reason="length" if done else None,
+            timings=StepTimings(draft_step_ms=draft_ms, draft_model_ms=draft_ms * 0.8,
+                                target_ms=target_ms, total_ms=draft_ms + target_ms),
+        )
+        r.step += 1
+        return ev
+
+    def _pace(self, n_tokens: int) -> None:
+        delay = self.step_delay_s
+        if self.tokens_per_second > 0 and n_tokens:
+            delay = max(delay, n_tokens / self.tokens_per_second)
+        if delay > 0:
+            time.sleep(delay)
+
+
+def fake_loader(**options):
+    """A loader with the real signature that builds FakePipelines with `options`."""
+
+    def load(target_dir, draft_dir=None, device="CPU", **kw):
+        return FakePipeline.load(target_dir, draft_dir, device, **{**options, **kw})
+
+    return load

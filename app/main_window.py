@@ -1,0 +1,708 @@
+"""The main window: conversations, chat, model/device pickers, generation settings, live plots.
+
+The window only renders engine events and sends intent to the engine through EngineController;
+everything that runs a model happens on the worker thread.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
+                               QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
+                               QSizePolicy, QVBoxLayout, QWidget)
+
+from app import settings as S
+from app.chat.input import ChatInput
+from app.chat.model import CANCELLED, DONE, ERROR, STREAMING, Conversation, Message
+from app.chat.store import CorruptFile, HistoryStore
+from app.chat.view import DRAFT_BG, ChatView
+from app.generation_panel import GenerationPanel
+from app.models.pickers import ModelPanel, default_target_ready
+from app.models.prepare import PrepareDialog
+from app.models.validation import DraftValidator
+from app.plots.live import LivePlots
+from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
+from engine import paths
+from engine.devices import DeviceInfo
+
+RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+
+
+class Banner(QFrame):
+    """A dismissable strip above the chat for errors and notices (never a blocking dialog)."""
+
+    def __init__(self, kind: str, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("errorBanner" if kind == "error" else "noticeBanner")
+        self.setProperty("kind", kind)
+        self.details = ""
+        self.title = ""
+        h = QHBoxLayout(self)
+        h.setContentsMargins(10, 6, 6, 6)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        h.addWidget(self.label, 1)
+        self.action_button = QPushButton()
+        self.action_button.setVisible(False)
+        h.addWidget(self.action_button)
+        self.details_button = QPushButton("Details…")
+        self.details_button.clicked.connect(self._show_details)
+        h.addWidget(self.details_button)
+        self.close_button = QPushButton("Dismiss")
+        self.close_button.clicked.connect(self.hide)
+        h.addWidget(self.close_button)
+        self._action: Callable[[], None] | None = None
+        self.action_button.clicked.connect(lambda: self._action and self._action())
+        self.hide()
+
+    def show_message(self, title: str, text: str, details: str = "",
+                     action: tuple[str, Callable[[], None]] | None = None) -> None:
+        self.title = title
+        self.details = details
+        self.label.setText(f"<b>{title}</b><br>{_html(text)}" if title else _html(text))
+        self.details_button.setVisible(bool(details))
+        if action:
+            self.action_button.setText(action[0])
+            self._action = action[1]
+            self.action_button.setVisible(True)
+        else:
+            self._action = None
+            self.action_button.setVisible(False)
+        self.show()
+
+    def _show_details(self) -> None:
+        box = QMessageBox(self.window())
+        box.setIcon(QMessageBox.Icon.Warning if self.property("kind") == "error" else QMessageBox.Icon.Information)
+        box.setWindowTitle(self.title or "Details")
+        box.setText(self.label.text())
+        box.setDetailedText(self.details)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()  # window-modal, does not block the event loop
+
+
+def _html(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: QSettings | None = None, loader: Loader | None = None,
+                 devices: list[DeviceInfo] | None = None, history_root: Path | None = None,
+                 draft_validator: DraftValidator | None = None, autoload: bool = True,
+                 prepare_command: tuple[str, list[str]] | None = None,
+                 flush_interval_s: float = 0.033, engine_label: str = "") -> None:
+        super().__init__()
+        self.setWindowTitle("DFlash Studio")
+        self.setObjectName("mainWindow")
+        icon = RESOURCES / "icons" / "dflash.svg"
+        if icon.exists():
+            self.setWindowIcon(QIcon(str(icon)))
+        self.settings = settings or S.open_settings()
+        self.store = HistoryStore(history_root or paths.history_dir())
+        self.controller = EngineController(loader, flush_interval_s=flush_interval_s, parent=self)
+        self.prepare_command = prepare_command
+        self.engine_label = engine_label  # e.g. "demo engine" when running the fake one
+        self.engine_info: EngineInfo | None = None
+        self.conversations: list[Conversation] = []
+        self.current: Conversation | None = None
+        self.streams: dict[str, tuple[Conversation, Message]] = {}  # tag -> where its text goes
+        self.stopped: set[str] = set()  # tags the person stopped (their late text is dropped)
+        self.corrupt: list[CorruptFile] = []
+        self._closing = False
+        self._closed = False
+        self._prepare_dialog: PrepareDialog | None = None
+
+        self._build_central()
+        self._build_docks(devices, draft_validator)
+        self._build_menus()
+        self._build_status()
+        self._wire()
+        self._restore_window()
+        self._load_history()
+        self._update_actions()
+        if autoload:
+            QTimer.singleShot(0, self, self.autoload)
+
+    # -- construction ----------------------------------------------------------------------------
+    def _build_central(self) -> None:
+        central = QWidget()
+        v = QVBoxLayout(central)
+        v.setContentsMargins(6, 6, 6, 6)
+        v.setSpacing(6)
+        self.error_banner = Banner("error")
+        self.notice_banner = Banner("notice")
+        v.addWidget(self.error_banner)
+        v.addWidget(self.notice_banner)
+
+        legend = QHBoxLayout()
+        legend.setSpacing(8)
+        self.mark_switch = QCheckBox("Mark accepted draft tokens")
+        self.mark_switch.setObjectName("markSwitch")
+        self.mark_switch.setChecked(S.get_bool(self.settings, S.K_MARK_DRAFT, True))
+        legend.addWidget(self.mark_switch)
+        self.legend_draft = QLabel(" accepted from the draft ")
+        self.legend_draft.setObjectName("legendDraft")
+        self.legend_draft.setStyleSheet(f"background:{DRAFT_BG.name()}; color:#0b3d17; border-radius:3px;")
+        self.legend_target = QLabel(" produced by the target ")
+        self.legend_target.setObjectName("legendTarget")
+        self.legend_target.setStyleSheet("background:#ffffff; border:1px solid #d0d5dd; border-radius:3px;")
+        legend.addWidget(self.legend_draft)
+        legend.addWidget(self.legend_target)
+        legend.addStretch(1)
+        self.conv_title = QLabel()
+        self.conv_title.setObjectName("convTitle")
+        legend.addWidget(self.conv_title)
+        v.addLayout(legend)
+
+        self.chat = ChatView()
+        self.chat.set_mark_draft(self.mark_switch.isChecked())
+        v.addWidget(self.chat, 1)
+
+        row = QHBoxLayout()
+        self.input = ChatInput()
+        row.addWidget(self.input, 1)
+        buttons = QVBoxLayout()
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("sendButton")
+        self.send_button.setToolTip("Send (Enter)")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopButton")
+        self.stop_button.setToolTip("Stop generating (Esc)")
+        for b in (self.send_button, self.stop_button):
+            b.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Expanding)
+            b.setMinimumWidth(84)
+            buttons.addWidget(b)
+        row.addLayout(buttons)
+        v.addLayout(row)
+        self.setCentralWidget(central)
+
+    def _build_docks(self, devices: list[DeviceInfo] | None, validator: DraftValidator | None) -> None:
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks)
+        # Conversations (left)
+        conv_w = QWidget()
+        cv = QVBoxLayout(conv_w)
+        cv.setContentsMargins(4, 4, 4, 4)
+        self.conv_list = QListWidget()
+        self.conv_list.setObjectName("conversationList")
+        self.conv_list.setEditTriggers(QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed)
+        cv.addWidget(self.conv_list, 1)
+        hb = QHBoxLayout()
+        self.new_button = QPushButton("New")
+        self.new_button.setToolTip("New conversation (Ctrl+N)")
+        self.delete_button = QPushButton("Delete")
+        hb.addWidget(self.new_button)
+        hb.addWidget(self.delete_button)
+        cv.addLayout(hb)
+        self.conv_dock = self._dock("Conversations", "conversationsDock", conv_w, Qt.DockWidgetArea.LeftDockWidgetArea)
+
+        # Models, device and generation settings (right)
+        side = QWidget()
+        sv = QVBoxLayout(side)
+        sv.setContentsMargins(4, 4, 4, 4)
+        self.model_panel = ModelPanel(self.settings, devices=devices, validator=validator)
+        self.gen_panel = GenerationPanel(self.settings)
+        sv.addWidget(self.model_panel)
+        sv.addWidget(self.gen_panel)
+        sv.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(side)
+        scroll.setMinimumWidth(330)
+        self.side_dock = self._dock("Session", "sessionDock", scroll, Qt.DockWidgetArea.RightDockWidgetArea)
+
+        # Live plots (bottom)
+        self.plots = LivePlots()
+        self.plots_dock = self._dock("Live plots", "plotsDock", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
+
+    def _dock(self, title: str, name: str, w: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        d = QDockWidget(title, self)
+        d.setObjectName(name)
+        d.setWidget(w)
+        d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                      | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                      | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.addDockWidget(area, d)
+        return d
+
+    def _build_menus(self) -> None:
+        m = self.menuBar().addMenu("&File")
+        self.act_new = QAction("&New conversation", self, shortcut=QKeySequence.StandardKey.New)
+        self.act_open_target = QAction("Choose &target folder…", self)
+        self.act_open_draft = QAction("Choose &draft folder…", self)
+        self.act_prepare = QAction("&Prepare the default model…", self)
+        self.act_quit = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
+        for a in (self.act_new, self.act_open_target, self.act_open_draft, self.act_prepare):
+            m.addAction(a)
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        m = self.menuBar().addMenu("&View")
+        self.act_mark = QAction("&Mark accepted draft tokens", self, checkable=True)
+        self.act_mark.setChecked(self.mark_switch.isChecked())
+        m.addAction(self.act_mark)
+        m.addSeparator()
+        for d in (self.conv_dock, self.side_dock, self.plots_dock):
+            m.addAction(d.toggleViewAction())
+        m = self.menuBar().addMenu("&Help")
+        self.act_about = QAction("&About DFlash Studio", self)
+        m.addAction(self.act_about)
+        self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        self.stop_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+
+    def _build_status(self) -> None:
+        self.device_label = QLabel("No model loaded")
+        self.device_label.setObjectName("deviceLabel")
+        self.state_label = QLabel("")
+        self.state_label.setObjectName("stateLabel")
+        self.statusBar().addWidget(self.state_label, 1)
+        self.statusBar().addPermanentWidget(self.device_label)
+
+    def _wire(self) -> None:
+        c = self.controller
+        c.loaded.connect(self._on_loaded)
+        c.load_failed.connect(self._on_load_failed)
+        c.events_ready.connect(self._on_events)
+        c.finished.connect(self._on_finished)
+        c.failed.connect(self._on_failed)
+        c.busy_changed.connect(lambda _b: self._update_actions())
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self.input.submit)
+        self.stop_button.clicked.connect(self.stop)
+        self.stop_shortcut.activated.connect(self.stop)
+        self.mark_switch.toggled.connect(self._set_mark)
+        self.act_mark.toggled.connect(self._set_mark)
+        self.new_button.clicked.connect(self.new_conversation)
+        self.act_new.triggered.connect(self.new_conversation)
+        self.delete_button.clicked.connect(self.delete_current)
+        self.conv_list.currentItemChanged.connect(self._on_conv_selected)
+        self.conv_list.itemChanged.connect(self._on_conv_renamed)
+        self.model_panel.load_requested.connect(self.load_models)
+        self.model_panel.prepare_requested.connect(self.prepare_default)
+        self.model_panel.selection_changed.connect(self._update_actions)
+        self.act_open_target.triggered.connect(self.model_panel._browse_target)
+        self.act_open_draft.triggered.connect(self.model_panel._browse_draft)
+        self.act_prepare.triggered.connect(self.prepare_default)
+        self.act_quit.triggered.connect(self.close)
+        self.act_about.triggered.connect(self._about)
+        self.gen_panel.system_prompt_edited.connect(self._on_system_prompt)
+
+    # -- window state ----------------------------------------------------------------------------
+    def _restore_window(self) -> None:
+        geo = S.get_bytes(self.settings, S.K_GEOMETRY)
+        if geo is None or not self.restoreGeometry(geo):
+            self.resize(QSize(1440, 900))
+        state = S.get_bytes(self.settings, S.K_STATE)
+        if state is not None:
+            self.restoreState(state)
+        else:
+            self.resizeDocks([self.conv_dock], [220], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.side_dock], [360], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.plots_dock], [250], Qt.Orientation.Vertical)
+
+    def _save_window(self) -> None:
+        self.settings.setValue(S.K_GEOMETRY, self.saveGeometry())
+        self.settings.setValue(S.K_STATE, self.saveState())
+        self.settings.sync()
+
+    # -- history ---------------------------------------------------------------------------------
+    def _load_history(self) -> None:
+        self.conversations, self.corrupt = self.store.load_all()
+        if self.corrupt:
+            lines = []
+            for c in self.corrupt:
+                where = f"moved to {c.moved_to}" if c.moved_to else "left where it is"
+                lines.append(f"{c.path.name}: {c.reason} ({where})")
+            n = len(self.corrupt)
+            self.notice_banner.show_message(
+                f"{n} conversation file{'s' if n != 1 else ''} could not be read",
+                "Set aside, not deleted: " + "; ".join(lines),
+                details="\n".join(f"{c.path} -> {c.moved_to}: {c.reason}" for c in self.corrupt),
+            )
+        last = S.get_str(self.settings, S.K_LAST_CONVERSATION)
+        self._fill_conv_list()
+        target = next((c for c in self.conversations if c.id == last), None)
+        if target is None and self.conversations:
+            target = self.conversations[0]
+        if target is None:
+            target = self._make_conversation()
+        self.select_conversation(target)
+
+    def _make_conversation(self) -> Conversation:
+        conv = Conversation(system_prompt=S.get_str(self.settings, S.K_SYSTEM_PROMPT))
+        self.conversations.insert(0, conv)
+        self._fill_conv_list()
+        return conv
+
+    def _fill_conv_list(self) -> None:
+        self.conv_list.blockSignals(True)
+        current_id = self.current.id if self.current else None
+        self.conv_list.clear()
+        for conv in self.conversations:
+            it = QListWidgetItem(conv.title)
+            it.setData(Qt.ItemDataRole.UserRole, conv.id)
+            it.setToolTip(f"{conv.title}\n{len(conv.messages)} messages · "
+                          f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
+            it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
+            self.conv_list.addItem(it)
+            if conv.id == current_id:
+                self.conv_list.setCurrentItem(it)
+        self.conv_list.blockSignals(False)
+
+    def select_conversation(self, conv: Conversation) -> None:
+        self.current = conv
+        self.settings.setValue(S.K_LAST_CONVERSATION, conv.id)
+        self.chat.set_conversation(conv)
+        self.gen_panel.set_system_prompt(conv.system_prompt)
+        self.conv_title.setText(conv.title)
+        for i in range(self.conv_list.count()):
+            it = self.conv_list.item(i)
+            if it.data(Qt.ItemDataRole.UserRole) == conv.id and self.conv_list.currentItem() is not it:
+                self.conv_list.blockSignals(True)
+                self.conv_list.setCurrentItem(it)
+                self.conv_list.blockSignals(False)
+        self._update_actions()
+
+    def new_conversation(self) -> None:
+        if self.current is not None and not self.current.messages:
+            self.input.setFocus()
+            return  # the current one is still empty: use it
+        self.select_conversation(self._make_conversation())
+        self.input.setFocus()
+
+    def delete_current(self, confirm: bool = True) -> None:
+        conv = self.current
+        if conv is None:
+            return
+        if confirm and conv.messages:
+            ans = QMessageBox.question(self, "Delete conversation",
+                                       f"Delete “{conv.title}” and its {len(conv.messages)} messages?")
+            if ans != QMessageBox.StandardButton.Yes:
+                return
+        for tag, (c, _m) in list(self.streams.items()):
+            if c is conv:
+                self.controller.cancel(tag)
+                self.stopped.add(tag)
+        self.store.delete(conv)
+        self.conversations = [c for c in self.conversations if c is not conv]
+        self.current = None
+        if not self.conversations:
+            self._make_conversation()
+        self._fill_conv_list()
+        self.select_conversation(self.conversations[0])
+
+    def _on_conv_selected(self, item: QListWidgetItem | None, _prev=None) -> None:
+        if item is None:
+            return
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        conv = next((c for c in self.conversations if c.id == cid), None)
+        if conv is not None and conv is not self.current:
+            self.select_conversation(conv)
+
+    def _on_conv_renamed(self, item: QListWidgetItem) -> None:
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        conv = next((c for c in self.conversations if c.id == cid), None)
+        title = item.text().strip()
+        if conv is not None and title and title != conv.title:
+            conv.title = title
+            self._save(conv)
+            if conv is self.current:
+                self.conv_title.setText(title)
+
+    def _on_system_prompt(self, text: str) -> None:
+        if self.current is not None:
+            self.current.system_prompt = text
+            self.settings.setValue(S.K_SYSTEM_PROMPT, text)
+
+    def _save(self, conv: Conversation) -> None:
+        if not conv.messages and not conv.system_prompt:
+            return  # nothing worth a file yet
+        conv.updated = time.time()
+        try:
+            self.store.save(conv)
+        except OSError as e:
+            self.show_error(ErrorInfo("Could not save the conversation",
+                                      f"Writing {self.store.path_for(conv)} failed: {e}. "
+                                      "The conversation stays open; try again after freeing space."))
+
+    # -- models ----------------------------------------------------------------------------------
+    def autoload(self) -> None:
+        """Load what was used last time, or the embedded default (and its default draft)."""
+        if self._closing:
+            return
+        mp = self.model_panel
+        last_t = S.get_str(self.settings, S.K_LAST_TARGET)
+        if last_t and Path(last_t).is_dir():
+            mp.set_target(last_t)
+        elif default_target_ready():
+            mp.set_target(str(paths.default_target_dir()))
+        else:
+            self.notice_banner.show_message(
+                "The embedded default model is not prepared yet",
+                "DFlash Studio converts SmolLM2-135M-Instruct to OpenVINO once, into your user data "
+                "folder. Prepare it now, or choose a target folder in the Session panel.",
+                action=("Prepare now", self.prepare_default))
+            return
+        last_d = S.get_str(self.settings, S.K_LAST_DRAFT, "-")
+        if last_d != "-" and (not last_d or Path(last_d).is_dir()):
+            mp.set_draft(last_d or None)
+        else:
+            mp.set_draft(mp.first_fitting_draft())
+        if mp.draft_fit_reasons():
+            mp.set_draft(None)
+        last_dev = S.get_str(self.settings, S.K_LAST_DEVICE)
+        if last_dev:
+            mp.set_device(last_dev)
+        if not mp.problems():
+            self.load_models(mp.target_dir(), mp.draft_dir(), mp.device())
+
+    def load_models(self, target: str, draft: str | None, device: str) -> None:
+        if self._closing:
+            return
+        if self.controller.generating:
+            self.stop()
+        self.state_label.setText(f"Loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")
+                                 + f" on {device}…")
+        self.model_panel.set_loaded("Loading…")
+        self.controller.load(target, draft, device)
+        self._update_actions()
+
+    def _on_loaded(self, info: EngineInfo) -> None:
+        if self._closing:
+            return
+        self.engine_info = info
+        self.settings.setValue(S.K_LAST_TARGET, info.target_dir)
+        self.settings.setValue(S.K_LAST_DRAFT, info.draft_dir or "")
+        self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
+        self.gen_panel.set_chat_template(info.has_chat_template)
+        self.gen_panel.set_draft_loaded(info.draft_dir is not None)
+        self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
+        self.model_panel.set_loaded(f"Loaded {info.target_name}"
+                                    + (f" + {info.draft_name}" if info.draft_name else " (no draft)"))
+        self.error_banner.hide()
+        if self.notice_banner.isVisible() and not self.corrupt:
+            self.notice_banner.hide()
+        self._update_device_label()
+        self._update_actions()
+        self.input.setFocus()
+
+    def _update_device_label(self) -> None:
+        info = self.engine_info
+        if info is None:
+            self.device_label.setText("No model loaded")
+            return
+        d = self.model_panel.device_info(info.device)
+        dev = d.label if d else info.device
+        text = f"Device in use: {dev}"
+        if info.device.upper() != info.requested_device.upper():
+            text += f" (asked for {info.requested_device}; the engine fell back)"
+        text += f"  ·  {info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
+        if self.engine_label:
+            text += f"  ·  {self.engine_label}"
+        self.device_label.setText(text)
+
+    def _on_load_failed(self, err: ErrorInfo) -> None:
+        if self._closing:
+            return
+        self.state_label.setText("Loading failed." + (" The previous model is still loaded." if self.engine_info else ""))
+        self.model_panel.set_loaded("Not loaded: see the message above the chat.")
+        self.show_error(err)
+        self._update_actions()
+
+    def prepare_default(self) -> None:
+        if self._prepare_dialog is not None:
+            self._prepare_dialog.raise_()
+            return
+        dlg = PrepareDialog(self.prepare_command, self)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.succeeded.connect(self._prepared)
+        dlg.finished.connect(lambda _r: setattr(self, "_prepare_dialog", None))
+        self._prepare_dialog = dlg
+        dlg.open()
+        dlg.start()
+
+    def _prepared(self) -> None:
+        self.notice_banner.hide()
+        self.model_panel.refresh_targets()
+        self.model_panel.set_target(str(paths.default_target_dir()))
+        self.autoload()
+
+    # -- chat ------------------------------------------------------------------------------------
+    def send(self, text: str) -> bool:
+        """Send `text` as the next user message. False (and a reason shown) when it cannot go."""
+        text = text.rstrip()
+        if not text.strip():
+            return False
+        if self.engine_info is None:
+            self.state_label.setText("Load a model first (Session panel → Load).")
+            return False
+        if self.controller.loading:
+            self.state_label.setText("Wait for the model to finish loading.")
+            return False
+        if any(tag not in self.stopped for tag in self.streams):
+            self.state_label.setText("A reply is still streaming: press Esc to stop it first.")
+            return False
+        conv = self.current or self._make_conversation()
+        info = self.engine_info
+        try:
+            config = self.gen_panel.config(with_draft=info.draft_dir is not None)
+        except ValueError as e:
+            self.show_error(ErrorInfo("Bad setting", str(e)))
+            return False
+        user = Message("user", text)
+        conv.messages.append(user)
+        self.chat.message_added(user)
+        if info.has_chat_template:
+            prompt: Any = conv.chat_messages()
+            chat = True
+        else:
+            prompt, chat = text, False  # a base model continues the text
+        reply = Message("assistant", status=STREAMING)
+        conv.messages.append(reply)
+        self.chat.message_added(reply)
+        conv.auto_title()
+        self.input.clear()
+        self._refresh_title(conv)
+        self.streams[reply.id] = (conv, reply)
+        self._save(conv)
+        self.plots.reset()
+        self.plots.start()
+        self.state_label.setText("Generating…")
+        self.controller.generate(GenerateRequest(reply.id, prompt, config, chat))
+        self._update_actions()
+        return True
+
+    def stop(self) -> None:
+        """Stop every streaming reply now: the text stops at once, the engine cancels next step."""
+        live = [t for t in self.streams if t not in self.stopped]
+        if not live:
+            return
+        for tag in live:
+            self.stopped.add(tag)
+            self.controller.cancel(tag)
+            conv, msg = self.streams[tag]
+            msg.status = CANCELLED
+            msg.finish_reason = "cancelled"
+            self.chat.message_changed(msg)
+            self._save(conv)
+        self.state_label.setText("Stopped.")
+        self._update_actions()
+
+    def _on_events(self, tag: str, events: list) -> None:
+        if self._closing or tag in self.stopped:
+            return
+        entry = self.streams.get(tag)
+        if entry is None:
+            return
+        conv, msg = entry
+        new: list[tuple[str, bool]] = []
+        for ev in events:
+            for p in ev.pieces:
+                if p.text:
+                    msg.append_piece(p.text, p.from_draft)
+                    new.append((p.text, p.from_draft))
+        if new:
+            self.chat.pieces_added(msg, new)
+        self.plots.add_events(events)
+
+    def _on_finished(self, tag: str, fin: FinishInfo) -> None:
+        entry = self.streams.pop(tag, None)
+        was_stopped = tag in self.stopped
+        self.stopped.discard(tag)
+        if entry is None or self._closing:
+            return
+        conv, msg = entry
+        msg.stats = fin.stats or None
+        msg.finish_reason = fin.reason
+        msg.status = CANCELLED if (was_stopped or fin.reason == "cancelled") else DONE
+        self.chat.message_changed(msg)
+        self._save(conv)
+        if not self.streams:
+            self.plots.stop()
+            if not was_stopped:
+                self.state_label.setText("Done." if fin.reason != "length" else "Done (max new tokens reached).")
+        self._update_actions()
+
+    def _on_failed(self, tag: str, err: ErrorInfo) -> None:
+        entry = self.streams.pop(tag, None)
+        self.stopped.discard(tag)
+        if self._closing:
+            return
+        if entry is not None:
+            conv, msg = entry
+            msg.status = ERROR
+            msg.error = err.message
+            self.chat.message_changed(msg)
+            self._save(conv)
+        if not self.streams:
+            self.plots.stop()
+        self.state_label.setText("The engine reported an error; the chat is intact.")
+        self.show_error(err)
+        self._update_actions()
+
+    def show_error(self, err: ErrorInfo) -> None:
+        self.error_banner.show_message(err.title, err.message, err.details)
+
+    def _set_mark(self, on: bool) -> None:
+        for w in (self.mark_switch, self.act_mark):
+            if w.isChecked() != on:
+                w.blockSignals(True)
+                w.setChecked(on)
+                w.blockSignals(False)
+        self.chat.set_mark_draft(on)
+        self.legend_draft.setEnabled(on)
+        self.settings.setValue(S.K_MARK_DRAFT, on)
+
+    def _refresh_title(self, conv: Conversation) -> None:
+        for i in range(self.conv_list.count()):
+            it = self.conv_list.item(i)
+            if it.data(Qt.ItemDataRole.UserRole) == conv.id and it.text() != conv.title:
+                self.conv_list.blockSignals(True)
+                it.setText(conv.title)
+                self.conv_list.blockSignals(False)
+        if conv is self.current:
+            self.conv_title.setText(conv.title)
+
+    def _update_actions(self) -> None:
+        streaming = any(t not in self.stopped for t in self.streams)
+        ready = self.engine_info is not None and not self.controller.loading
+        self.send_button.setEnabled(ready and not streaming)
+        self.stop_button.setEnabled(streaming)
+        self.model_panel.load_button.setEnabled(not self.model_panel.problems() and not self.controller.loading)
+        if self.engine_info is None and not self.controller.loading:
+            self.input.setPlaceholderText("Load a model in the Session panel, then type a message here.")
+        else:
+            self.input.setPlaceholderText("Type a message. Enter sends, Shift+Enter adds a line, Esc stops.")
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About DFlash Studio",
+                          "DFlash Studio runs block speculative decoding (DFlash / DSpark drafts verified "
+                          "by a target LLM) on OpenVINO and shows what it does: accepted draft tokens "
+                          "are marked in the chat and the plots show tokens per step as they happen.")
+
+    # -- closing ---------------------------------------------------------------------------------
+    def closeEvent(self, e: QCloseEvent) -> None:  # noqa: N802
+        if self._closed:
+            e.accept()
+            return
+        self._closing = True
+        self._save_window()
+        for tag, (conv, msg) in list(self.streams.items()):
+            if msg.status == STREAMING:
+                msg.status = CANCELLED
+                msg.finish_reason = "cancelled"
+        self.plots.stop()
+        if self._prepare_dialog is not None:
+            self._prepare_dialog.stop()
+        self.hide()
+        self.controller.shutdown()  # cancels the running request and waits for the thread
+        for conv in {id(c): c for c, _m in self.streams.values()}.values():
+            self._save(conv)
+        if self.current is not None:
+            self._save(self.current)
+        self.streams.clear()
+        self._closed = True
+        e.accept()

@@ -1,0 +1,1 @@
+"""Model and device pickers, and the dialog that prepares the embedded default target."""

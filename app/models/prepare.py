@@ -1,0 +1,107 @@
+"""Prepare the embedded default target in a child process, with its output streamed into a log."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QProcess, QProcessEnvironment, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QProgressBar,
+                               QVBoxLayout)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_prepare_command() -> tuple[str, list[str]]:
+    return sys.executable, ["-m", "engine.cli", "prepare"]
+
+
+class PrepareDialog(QDialog):
+    """Runs `python -m engine.cli prepare` (or another command) and shows what it prints."""
+
+    succeeded = Signal()
+
+    def __init__(self, command: tuple[str, list[str]] | None = None, parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Prepare the default model")
+        self.resize(720, 420)
+        self.program, self.args = command or default_prepare_command()
+        lay = QVBoxLayout(self)
+        self.info = QLabel(
+            "Preparing the embedded default target (SmolLM2-135M-Instruct): converting it to "
+            "OpenVINO IR in your user data folder. This runs once and takes a minute or two."
+        )
+        self.info.setWordWrap(True)
+        lay.addWidget(self.info)
+        self.cmd_label = QLabel(f"<code>{self.program} {' '.join(self.args)}</code>")
+        self.cmd_label.setTextInteractionFlags(self.cmd_label.textInteractionFlags())
+        lay.addWidget(self.cmd_label)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        lay.addWidget(self.progress)
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.log.setMaximumBlockCount(5000)
+        lay.addWidget(self.log, 1)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.rejected.connect(self.reject)
+        lay.addWidget(self.buttons)
+        self.exit_code: int | None = None
+
+        self.proc = QProcess(self)
+        self.proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
+        self.proc.setWorkingDirectory(str(REPO_ROOT))
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONUNBUFFERED", "1")
+        self.proc.setProcessEnvironment(env)
+        self.proc.readyReadStandardOutput.connect(self._read)
+        self.proc.finished.connect(self._finished)
+        self.proc.errorOccurred.connect(self._error)
+
+    def start(self) -> None:
+        self.log.appendPlainText(f"$ {self.program} {' '.join(self.args)}")
+        self.proc.start(self.program, self.args)
+
+    def _read(self) -> None:
+        data = bytes(self.proc.readAllStandardOutput()).decode("utf-8", errors="replace")
+        text = data.replace("\r\n", "\n").rstrip("\n")
+        if text:
+            # Progress bars redraw with \r: keep only the last state of each line.
+            lines = [ln.split("\r")[-1] for ln in text.split("\n")]
+            self.log.appendPlainText("\n".join(lines))
+
+    def _error(self, err: QProcess.ProcessError) -> None:
+        if err == QProcess.ProcessError.FailedToStart:
+            self.log.appendPlainText(f"Could not start {self.program}: {self.proc.errorString()}")
+            self._done(False, "The preparation could not start.")
+
+    def _finished(self, code: int, status: QProcess.ExitStatus) -> None:
+        self._read()
+        self.exit_code = code
+        ok = status == QProcess.ExitStatus.NormalExit and code == 0
+        self._done(ok, "Done: the default model is ready." if ok else
+                   f"The preparation failed (exit code {code}). The log above says why.")
+
+    def _done(self, ok: bool, message: str) -> None:
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1 if ok else 0)
+        self.info.setText(message)
+        self.buttons.clear()
+        self.buttons.addButton(QDialogButtonBox.StandardButton.Close)  # RejectRole: closes
+        if ok:
+            self.succeeded.emit()
+
+    def reject(self) -> None:
+        self.stop()
+        super().reject()
+
+    def stop(self) -> None:
+        if self.proc.state() != QProcess.ProcessState.NotRunning:
+            self.log.appendPlainText("Stopping…")
+            self.proc.kill()
+            self.proc.waitForFinished(5000)
+
+    def closeEvent(self, e) -> None:  # noqa: N802
+        self.stop()
+        super().closeEvent(e)

@@ -1,0 +1,205 @@
+"""Three live plots: tokens per step over time, acceptance by block position, draft vs target ms.
+
+`add_events()` only appends numbers to growing numpy buffers (cheap, called for every batch the
+worker sends); a GUI-thread timer at 25 Hz redraws when something changed. Plot items are made
+once and updated with setData; pyqtgraph is never touched from the worker thread.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from app.qt_tracking import TrackedTimer
+
+REDRAW_MS = 40  # 25 Hz
+DRAFT_COLOR = "#2e9d4a"
+TARGET_COLOR = "#3b6fd8"
+MEAN_COLOR = "#d97706"
+
+
+class GrowBuffer:
+    """A float array that doubles when full (amortised O(1) appends)."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._a = np.zeros(capacity, dtype=np.float64)
+        self.n = 0
+
+    def append(self, v: float) -> None:
+        if self.n == len(self._a):
+            self._a = np.concatenate([self._a, np.zeros(len(self._a), dtype=np.float64)])
+        self._a[self.n] = v
+        self.n += 1
+
+    def view(self) -> np.ndarray:
+        return self._a[: self.n]
+
+    def clear(self) -> None:
+        self.n = 0
+
+
+class LivePlots(QWidget):
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("livePlots")
+        pg.setConfigOptions(antialias=False)
+        self.steps = GrowBuffer()  # verification step number
+        self.tokens = GrowBuffer()  # tokens committed by that step
+        self.draft_ms = GrowBuffer()
+        self.target_ms = GrowBuffer()
+        self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps whose verdict got there
+        self.hits = np.zeros(0, dtype=np.int64)  # ... and accepted the draft token there
+        self._dirty = False
+        self.redraws = 0
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 2, 4, 2)
+        lay.setSpacing(2)
+        self.summary = QLabel("No steps yet. Send a message to see the decoder at work.")
+        self.summary.setObjectName("plotSummary")
+        lay.addWidget(self.summary)
+        row = QHBoxLayout()
+        row.setSpacing(6)
+        lay.addLayout(row, 1)
+
+        self.p_tokens = self._plot("Tokens per step", "target step", "tokens")
+        self.c_tokens = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1),
+                                           symbol="o", symbolSize=4, symbolBrush=TARGET_COLOR,
+                                           symbolPen=None, name="this step")
+        self.c_mean = self.p_tokens.plot([], [], pen=pg.mkPen(MEAN_COLOR, width=2), name="mean of last 16")
+        self.p_tokens.setYRange(0, 4, padding=0.05)
+        self.p_tokens.enableAutoRange(axis="x")
+        row.addWidget(self.p_tokens, 1)
+
+        self.p_accept = self._plot("Acceptance by block position", "position in block", "% accepted")
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=DRAFT_COLOR, pen=None)
+        self.p_accept.addItem(self.bars)
+        self.p_accept.setYRange(0, 100, padding=0.02)
+        self.p_accept.setXRange(0.5, 7.5, padding=0)
+        row.addWidget(self.p_accept, 1)
+
+        self.p_time = self._plot("Time per step", "target step", "ms")
+        self.c_draft = self.p_time.plot([], [], pen=pg.mkPen(DRAFT_COLOR, width=1.5), name="draft")
+        self.c_target = self.p_time.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1.5), name="target")
+        row.addWidget(self.p_time, 1)
+
+        self._timer = TrackedTimer(self)
+        self._timer.setInterval(REDRAW_MS)
+        self._timer.timeout.connect(self._redraw)
+        self._running = False
+
+    def _plot(self, title: str, xlabel: str, ylabel: str) -> pg.PlotWidget:
+        w = pg.PlotWidget(background="w")
+        w.setTitle(title, color="#111827", size="10pt")
+        w.setLabel("bottom", xlabel)
+        w.setLabel("left", ylabel)
+        w.showGrid(x=True, y=True, alpha=0.25)
+        w.setMenuEnabled(False)
+        w.setMouseEnabled(x=False, y=False)
+        w.hideButtons()
+        w.setMinimumHeight(150)
+        item = w.getPlotItem()
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        legend_wanted = title != "Acceptance by block position"
+        if legend_wanted:
+            item.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=(255, 255, 255, 210),
+                           pen=(208, 213, 221))
+        return w
+
+    # -- data (cheap; any rate) ------------------------------------------------------------------
+    def reset(self) -> None:
+        for b in (self.steps, self.tokens, self.draft_ms, self.target_ms):
+            b.clear()
+        self.reached = np.zeros(0, dtype=np.int64)
+        self.hits = np.zeros(0, dtype=np.int64)
+        self._dirty = True
+        self._redraw()
+
+    def add_events(self, events: Iterable[Any]) -> None:
+        for ev in events:
+            if ev.step == 0 or not ev.tokens and not ev.drafted:
+                continue  # the prefill makes one token and verifies nothing
+            self.steps.append(ev.step)
+            self.tokens.append(len(ev.tokens))
+            t = ev.timings
+            self.draft_ms.append(float(t.draft_step_ms))
+            self.target_ms.append(float(t.target_ms))
+            k = len(ev.drafted)
+            if k:
+                if k > len(self.reached):
+                    grow = k - len(self.reached)
+                    self.reached = np.concatenate([self.reached, np.zeros(grow, dtype=np.int64)])
+                    self.hits = np.concatenate([self.hits, np.zeros(grow, dtype=np.int64)])
+                # The verdict looks at position i (0-based) when every earlier one was accepted.
+                upto = min(ev.accepted + 1, k)
+                self.reached[:upto] += 1
+                self.hits[: min(ev.accepted, k)] += 1
+            self._dirty = True
+
+    # -- drawing (GUI thread timer) --------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        if self.isVisible() and not self._timer.isActive():
+            self._timer.start()
+
+    def stop(self) -> None:
+        """Stop the timer after one last draw."""
+        self._running = False
+        self._timer.stop()
+        self._redraw()
+
+    @property
+    def timer_active(self) -> bool:
+        return self._timer.isActive()
+
+    def showEvent(self, e) -> None:  # noqa: N802
+        super().showEvent(e)
+        if self._running and not self._timer.isActive():
+            self._timer.start()
+        self._redraw()
+
+    def hideEvent(self, e) -> None:  # noqa: N802
+        self._timer.stop()  # no drawing while nobody can see it
+        super().hideEvent(e)
+
+    def acceptance_percent(self) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pct = np.where(self.reached > 0, 100.0 * self.hits / np.maximum(self.reached, 1), 0.0)
+        return pct
+
+    def _redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.redraws += 1
+        x = self.steps.view()
+        y = self.tokens.view()
+        self.c_tokens.setData(x, y, skipFiniteCheck=True)
+        if len(y):
+            w = 16
+            c = np.cumsum(np.insert(y, 0, 0.0))
+            lo = np.maximum(np.arange(1, len(y) + 1) - w, 0)
+            mean = (c[1:] - c[lo]) / (np.arange(1, len(y) + 1) - lo)
+            self.c_mean.setData(x, mean, skipFiniteCheck=True)
+            top = max(4.0, float(y.max()) + 0.5)
+            self.p_tokens.setYRange(0, top, padding=0.05)
+        else:
+            self.c_mean.setData([], [])
+        pct = self.acceptance_percent()
+        positions = np.arange(1, len(pct) + 1)
+        self.bars.setOpts(x=positions, height=pct, width=0.7)
+        self.p_accept.setXRange(0.5, max(7, len(pct)) + 0.5, padding=0)
+        self.c_draft.setData(x, self.draft_ms.view(), skipFiniteCheck=True)
+        self.c_target.setData(x, self.target_ms.view(), skipFiniteCheck=True)
+        if len(y):
+            drafted = int(self.reached[0]) if len(self.reached) else 0
+            self.summary.setText(
+                f"{len(y)} verification steps · {y.mean():.2f} tokens per step · "
+                f"draft {self.draft_ms.view().mean():.1f} ms, target {self.target_ms.view().mean():.1f} ms "
+                f"per step (mean)" + ("" if drafted else " · no draft: one token per step")
+            )
+        else:
+            self.summary.setText("No steps yet. Send a message to see the decoder at work.")

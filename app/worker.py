@@ -1,0 +1,412 @@
+"""One QThread over the engine: loads models, runs requests, batches step events, reports errors.
+
+All engine calls happen on the worker thread. The GUI talks to it only through `EngineController`
+(queued signals in, queued signals out) and a thread-safe cancel set; the worker never touches a
+widget. Step events are sent in batches (at most one signal per `flush_interval_s`, plus one at the
+end), never one signal per token.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.qt_tracking import TrackedThread
+from engine.config import GenerationConfig
+from engine.errors import DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+
+Loader = Callable[..., Any]
+
+
+@dataclass
+class ErrorInfo:
+    title: str
+    message: str  # one or two readable sentences
+    details: str = ""  # traceback and context, shown behind a "Details" button
+    kind: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, doing: str) -> "ErrorInfo":
+        details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, DFlashError):
+            title = {
+                ModelFolderError: "Model folder problem",
+                DraftMismatchError: "The draft does not fit the target",
+                DeviceError: "Device problem",
+            }.get(type(exc), "Engine error")
+            return cls(title, f"{doing} failed: {exc}", details, type(exc).__name__)
+        if isinstance(exc, ValueError):
+            return cls("Bad setting", f"{doing} failed: {exc}", details, type(exc).__name__)
+        if isinstance(exc, (ImportError, ModuleNotFoundError)):
+            return cls("Engine not available", f"{doing} failed: the engine could not be imported ({exc}).",
+                       details, type(exc).__name__)
+        return cls("Unexpected engine error",
+                   f"{doing} failed with an unexpected {type(exc).__name__}: {exc}. "
+                   "Your chat history is intact; the details below help a bug report.",
+                   details, type(exc).__name__)
+
+
+@dataclass
+class EngineInfo:
+    target_dir: str
+    draft_dir: str | None
+    requested_device: str
+    device: str  # the device the engine reports it actually uses
+    target_name: str
+    draft_name: str | None
+    has_chat_template: bool
+    load_s: float
+
+
+@dataclass
+class GenerateRequest:
+    tag: str  # the assistant message id the events belong to
+    prompt: Any  # str | list[dict] | list[int]
+    config: GenerationConfig
+    chat: bool | None = None
+
+
+@dataclass
+class FinishInfo:
+    request_id: int
+    reason: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def default_loader(target_dir, draft_dir=None, device="CPU", **kw):
+    from engine.pipeline import SpeculativePipeline  # the real engine, imported on the worker thread
+
+    return SpeculativePipeline.load(target_dir, draft_dir, device=device, **kw)
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None  # drop NaN
+
+
+def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -> dict[str, Any]:
+    """Per-message stats: the engine's RequestMetrics where it has them, else what the events said."""
+    s: dict[str, Any] = {}
+    if metrics is not None:
+        for key in ("ttft_ms", "tpot_ms", "decode_tok_s", "tokens_per_step", "acceptance_rate"):
+            v = _num(getattr(metrics, key, None))
+            if v is not None:
+                s[key] = v
+        steps = getattr(metrics, "target_steps", None)
+        if isinstance(steps, int):
+            s["target_steps"] = steps
+        abp = getattr(metrics, "acceptance_by_position", None)
+        if abp:
+            s["acceptance_by_position"] = [round(float(x), 4) for x in abp]
+        if getattr(metrics, "device", None):
+            s["device"] = str(metrics.device)
+        if getattr(metrics, "draft_name", None):
+            s["draft"] = str(metrics.draft_name)
+        s["source"] = "engine"
+    else:
+        s.update(tally.stats())
+        s["source"] = "events"
+    s["tokens"] = tally.tokens
+    if "device" not in s and info is not None:
+        s["device"] = info.device
+    if "draft" not in s:
+        s["draft"] = (info.draft_name if info and info.draft_name else None) or "none"
+    return s
+
+
+class _Tally:
+    """Counts from the events of one request: the fallback when the engine has no metrics."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.tokens = 0
+        self.first_step_tokens = 0
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+
+    def add(self, ev: Any) -> None:
+        n = len(ev.tokens)
+        if n:
+            now = time.perf_counter()
+            if self.first is None:
+                self.first = now
+                self.first_step_tokens = n
+            else:
+                self.steps += 1
+            self.last = now
+        self.tokens += n
+        self.drafted += len(ev.drafted)
+        self.accepted += ev.accepted
+
+    def stats(self) -> dict[str, Any]:
+        s: dict[str, Any] = {}
+        if self.first is not None:
+            s["ttft_ms"] = (self.first - self.t0) * 1000.0
+            decode_tokens = self.tokens - self.first_step_tokens
+            dt = (self.last or self.first) - self.first
+            if decode_tokens > 0 and dt > 0:
+                s["decode_tok_s"] = decode_tokens / dt
+            if self.steps:
+                s["tokens_per_step"] = decode_tokens / self.steps
+        if self.drafted:
+            s["acceptance_rate"] = self.accepted / self.drafted
+        s["target_steps"] = self.steps + (1 if self.first is not None else 0)
+        return s
+
+
+class EngineWorker(QObject):
+    """Lives on the worker thread. Slots are invoked through EngineController's queued signals."""
+
+    loaded = Signal(object)  # EngineInfo
+    load_failed = Signal(object)  # ErrorInfo
+    started = Signal(object, int)  # tag, request id
+    events_ready = Signal(object, object)  # tag, list[StepEvent]
+    finished = Signal(object, object)  # tag, FinishInfo
+    failed = Signal(object, object)  # tag, ErrorInfo
+
+    def __init__(self, loader: Loader, flush_interval_s: float) -> None:
+        super().__init__()
+        self._loader = loader
+        self.flush_interval_s = flush_interval_s
+        self._pipe: Any = None
+        self._info: EngineInfo | None = None
+        self._lock = threading.Lock()
+        self._cancelled: set[str] = set()
+        self.shutting_down = threading.Event()
+
+    # -- called from the GUI thread (thread-safe) ------------------------------------------------
+    def request_cancel(self, tag: str) -> None:
+        with self._lock:
+            self._cancelled.add(tag)
+
+    def _is_cancelled(self, tag: str) -> bool:
+        with self._lock:
+            return tag in self._cancelled or self.shutting_down.is_set()
+
+    def release(self) -> None:
+        self._pipe = None
+
+    # -- slots (worker thread) -------------------------------------------------------------------
+    @Slot(object)
+    def do_load(self, req: dict) -> None:
+        if self.shutting_down.is_set():
+            return
+        t0 = time.perf_counter()
+        try:
+            pipe = self._loader(req["target_dir"], req.get("draft_dir"), device=req["device"])
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable message
+            self.load_failed.emit(ErrorInfo.from_exception(exc, "Loading the models"))
+            return
+        self._pipe = pipe  # the previous engine is dropped only once the new one works
+        info = EngineInfo(
+            target_dir=str(req["target_dir"]),
+            draft_dir=str(req["draft_dir"]) if req.get("draft_dir") else None,
+            requested_device=req["device"],
+            device=str(getattr(pipe, "device", None) or req["device"]),
+            target_name=str(getattr(pipe, "target_name", None) or Path(req["target_dir"]).name),
+            draft_name=getattr(pipe, "draft_name", None),
+            has_chat_template=bool(getattr(pipe, "has_chat_template", False)),
+            load_s=time.perf_counter() - t0,
+        )
+        self._info = info
+        self.loaded.emit(info)
+
+    @Slot(object)
+    def do_generate(self, req: GenerateRequest) -> None:
+        tag = req.tag
+        if self._is_cancelled(tag):
+            self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
+            return
+        pipe = self._pipe
+        if pipe is None:
+            self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
+            return
+        tally = _Tally()
+        try:
+            rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
+        except BaseException as exc:  # noqa: BLE001
+            self.failed.emit(tag, ErrorInfo.from_exception(exc, "Starting the request"))
+            return
+        self.started.emit(tag, rid)
+        batch: list[Any] = []
+        last_flush = time.perf_counter()
+        cancel_sent = False
+        reason = "unknown"
+        try:
+            while True:
+                if not cancel_sent and self._is_cancelled(tag):
+                    pipe.cancel(rid)
+                    cancel_sent = True
+                events = pipe.step()
+                done = False
+                for ev in events:
+                    if ev.request_id != rid:
+                        continue
+                    tally.add(ev)
+                    batch.append(ev)
+                    if ev.finished:
+                        done = True
+                        reason = ev.finish_reason or "unknown"
+                if not done and not pipe.has_unfinished():
+                    done = True
+                    reason = "cancelled" if cancel_sent else reason
+                now = time.perf_counter()
+                if batch and (done or now - last_flush >= self.flush_interval_s):
+                    self.events_ready.emit(tag, batch)
+                    batch = []
+                    last_flush = now
+                if done:
+                    break
+        except BaseException as exc:  # noqa: BLE001
+            if batch:
+                self.events_ready.emit(tag, batch)
+            self.failed.emit(tag, ErrorInfo.from_exception(exc, "Generating"))
+            self._forget(pipe, rid, tag)
+            return
+        try:
+            metrics = pipe.metrics(rid)
+        except Exception:  # noqa: BLE001 - fall back to what the events said
+            metrics = None
+        stats = stats_from_metrics(metrics, tally, self._info)
+        stats["finish_reason"] = reason
+        self._forget(pipe, rid, tag)
+        self.finished.emit(tag, FinishInfo(rid, reason, stats))
+
+    def _forget(self, pipe: Any, rid: int, tag: str) -> None:
+        with self._lock:
+            self._cancelled.discard(tag)
+        # Make sure a failed request does not linger in the engine's scheduler.
+        try:
+            if pipe.has_unfinished():
+                pipe.cancel(rid)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class EngineController(QObject):
+    """GUI-thread handle on the worker thread. Re-emits the worker's signals on the GUI thread."""
+
+    loaded = Signal(object)
+    load_failed = Signal(object)
+    started = Signal(object, int)
+    events_ready = Signal(object, object)
+    finished = Signal(object, object)
+    failed = Signal(object, object)
+    busy_changed = Signal(bool)
+
+    _load_req = Signal(object)
+    _gen_req = Signal(object)
+
+    def __init__(self, loader: Loader | None = None, flush_interval_s: float = 0.033, parent=None) -> None:
+        super().__init__(parent)
+        self._thread = TrackedThread()
+        self._thread.setObjectName("dflash-engine")
+        self._worker = EngineWorker(loader or default_loader, flush_interval_s)
+        self._worker.moveToThread(self._thread)
+        self._load_req.connect(self._worker.do_load)
+        self._gen_req.connect(self._worker.do_generate)
+        self._worker.loaded.connect(self._on_loaded)
+        self._worker.load_failed.connect(self._on_load_failed)
+        self._worker.started.connect(self.started)
+        self._worker.events_ready.connect(self.events_ready)
+        self._worker.finished.connect(self._on_finished)
+        self._worker.failed.connect(self._on_failed)
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._thread.start()
+        self._pending: list[str] = []  # tags sent and not yet finished, oldest first
+        self._loads = 0  # load requests sent and not yet answered
+        self.info: EngineInfo | None = None
+        self._closed = False
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def loading(self) -> bool:
+        return self._loads > 0
+
+    @property
+    def generating(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        return self._loads > 0 or bool(self._pending)
+
+    @property
+    def thread(self) -> TrackedThread:
+        return self._thread
+
+    # -- requests --------------------------------------------------------------------------------
+    def load(self, target_dir: str, draft_dir: str | None, device: str) -> None:
+        if self._closed:
+            return
+        was = self.busy
+        self._loads += 1
+        self._load_req.emit({"target_dir": target_dir, "draft_dir": draft_dir, "device": device})
+        if not was:
+            self.busy_changed.emit(True)
+
+    def generate(self, req: GenerateRequest) -> None:
+        if self._closed:
+            return
+        was = self.busy
+        self._pending.append(req.tag)
+        self._gen_req.emit(req)
+        if not was:
+            self.busy_changed.emit(True)
+
+    def cancel(self, tag: str | None = None) -> None:
+        """Cancel one request (or every pending one). Takes effect before the engine's next step."""
+        for t in ([tag] if tag else list(self._pending)):
+            self._worker.request_cancel(t)
+
+    def shutdown(self, timeout_ms: int | None = None) -> bool:
+        """Cancel what runs, stop the thread and wait for it. True when the thread has stopped."""
+        if self._closed:
+            return not self._thread.isRunning()
+        self._closed = True
+        self._worker.shutting_down.set()
+        self.cancel()
+        self._thread.quit()
+        ok = self._thread.wait() if timeout_ms is None else self._thread.wait(timeout_ms)
+        if ok:
+            self._worker.release()
+        return ok
+
+    # -- worker signals (GUI thread) -------------------------------------------------------------
+    def _after(self) -> None:
+        if not self.busy:
+            self.busy_changed.emit(False)
+
+    def _on_loaded(self, info: EngineInfo) -> None:
+        self._loads = max(0, self._loads - 1)
+        self.info = info
+        self.loaded.emit(info)
+        self._after()
+
+    def _on_load_failed(self, err: ErrorInfo) -> None:
+        self._loads = max(0, self._loads - 1)
+        self.load_failed.emit(err)
+        self._after()
+
+    def _on_finished(self, tag: str, fin: FinishInfo) -> None:
+        if tag in self._pending:
+            self._pending.remove(tag)
+        self.finished.emit(tag, fin)
+        self._after()
+
+    def _on_failed(self, tag: str, err: ErrorInfo) -> None:
+        if tag in self._pending:
+            self._pending.remove(tag)
+        self.failed.emit(tag, err)
+        self._after()
