@@ -63,6 +63,10 @@ class FakePipeline:
 
     block_size = 8
 
+    @property
+    def default_num_candidates(self) -> int:
+        return self.block_size - 1 if self.draft_name is not None else 0
+
     def __init__(self, target_dir=None, draft_dir=None, device="CPU", *, tokens_per_second: float = 0.0,
                  step_delay_s: float = 0.0, acceptance: float = 0.7, seed: int = 0,
                  text: str = SAMPLE_TEXT, has_chat_template: bool = True,
@@ -151,12 +155,12 @@ class FakePipeline:
         r = self._requests[request_id]
         n = r.produced
         decode_s = (r.last_token_at - r.first_token_at) if r.first_token_at and r.last_token_at else 0.0
-        steps = max(r.step - 1, 0)  # verification steps (step 0 is the prefill)
+        steps = max(r.step - 1, 0)  # verification steps (step 0 is the prefill), as the engine counts
         return FakeMetrics(
             ttft_ms=((r.first_token_at or r.started) - r.started) * 1000.0,
             tpot_ms=(decode_s * 1000.0 / (n - 1)) if n > 1 else 0.0,
             decode_tok_s=((n - 1) / decode_s) if decode_s > 0 else 0.0,
-            target_steps=r.step,
+            target_steps=steps,
             tokens_per_step=((n - 1) / steps) if steps else 0.0,
             acceptance_rate=(r.accepted_total / r.drafted_total) if r.drafted_total else 0.0,
             acceptance_by_position=[h / c if c else 0.0 for h, c in zip(r.hits, r.reached)],
@@ -177,13 +181,12 @@ class FakePipeline:
             accepted = 0
             while accepted < k and self._rng.random() < self.acceptance:
                 accepted += 1
-            for pos in range(k):
+            for pos in range(k):  # per block position: drafted, and accepted (the engine's measure)
                 if pos >= len(r.reached):
                     r.reached.append(0)
                     r.hits.append(0)
-                if pos <= accepted:  # positions the verdict reached
-                    r.reached[pos] += 1
-                    r.hits[pos] += pos < accepted
+                r.reached[pos] += 1
+                r.hits[pos] += pos < accepted
             r.drafted_total += k
             r.accepted_total += accepted
             tokens = list(range(r.produced, r.produced + accepted + 1))

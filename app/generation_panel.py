@@ -60,7 +60,8 @@ class GenerationPanel(QGroupBox):
         self.system_prompt.setPlainText(text)
         self.system_prompt.blockSignals(False)
 
-    def set_draft_loaded(self, loaded: bool) -> None:
+    def set_draft_loaded(self, loaded: bool, max_candidates: int | None = None) -> None:
+        self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
         self.num_assistant.setToolTip(
             self.num_assistant.toolTip() if loaded else "No draft loaded: the target makes one token per step.")

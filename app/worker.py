@@ -61,6 +61,7 @@ class EngineInfo:
     draft_name: str | None
     has_chat_template: bool
     load_s: float
+    max_candidates: int | None = None  # the most draft tokens per step this draft proposes
 
 
 @dataclass
@@ -161,7 +162,7 @@ class _Tally:
                 s["tokens_per_step"] = decode_tokens / self.steps
         if self.drafted:
             s["acceptance_rate"] = self.accepted / self.drafted
-        s["target_steps"] = self.steps + (1 if self.first is not None else 0)
+        s["target_steps"] = self.steps  # verification steps after the prefill, as the engine counts
         return s
 
 
@@ -218,6 +219,7 @@ class EngineWorker(QObject):
             draft_name=getattr(pipe, "draft_name", None),
             has_chat_template=bool(getattr(pipe, "has_chat_template", False)),
             load_s=time.perf_counter() - t0,
+            max_candidates=getattr(pipe, "default_num_candidates", None) or None,
         )
         self._info = info
         self.loaded.emit(info)

@@ -373,7 +373,7 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: the target alone runs on NPU through openvino_genai.LLMPipeline. "
+            text = (f"{info.label}: the target alone can run on NPU through openvino_genai.LLMPipeline. "
                     + NPU_NOTICE.split(". ")[0] + ", so no draft can be used here.")
             state = "warn"
         elif switched:

@@ -49,8 +49,8 @@ class LivePlots(QWidget):
         self.tokens = GrowBuffer()  # tokens committed by that step
         self.draft_ms = GrowBuffer()
         self.target_ms = GrowBuffer()
-        self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps whose verdict got there
-        self.hits = np.zeros(0, dtype=np.int64)  # ... and accepted the draft token there
+        self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps that drafted a token there
+        self.hits = np.zeros(0, dtype=np.int64)  # ... and had it accepted (the engine's measure)
         self._dirty = False
         self.redraws = 0
 
@@ -133,9 +133,8 @@ class LivePlots(QWidget):
                     grow = k - len(self.reached)
                     self.reached = np.concatenate([self.reached, np.zeros(grow, dtype=np.int64)])
                     self.hits = np.concatenate([self.hits, np.zeros(grow, dtype=np.int64)])
-                # The verdict looks at position i (0-based) when every earlier one was accepted.
-                upto = min(ev.accepted + 1, k)
-                self.reached[:upto] += 1
+                # Same measure as engine.metrics: accepted at position i / drafted at position i.
+                self.reached[:k] += 1
                 self.hits[: min(ev.accepted, k)] += 1
             self._dirty = True
 

@@ -41,10 +41,10 @@ def test_chat_turn_streams_marks_stats_and_history(make_window, qtbot, app_home,
     text = w.chat.toPlainText()
     assert "tokens/step" in text and "% accepted" in text and "TTFT" in text and "draft: tiny-draft" in text
     # Batched: far fewer signals than steps.
-    assert sum(batches) == st["target_steps"]
+    assert sum(batches) == st["target_steps"] + 1  # + the prefill step
     assert len(batches) < st["target_steps"] / 3
-    # Plots got the steps (drawn by the GUI timer, which is stopped now).
-    assert w.plots.tokens.n == st["target_steps"] - 1
+    # Plots got the verification steps (drawn by the GUI timer, which is stopped now).
+    assert w.plots.tokens.n == st["target_steps"]
     assert w.plots.redraws >= 1 and not w.plots.timer_active
     assert 0 < w.plots.acceptance_percent()[0] <= 100
     # The chat template got the whole conversation.
