@@ -1,0 +1,60 @@
+"""SmolLM2 (the embedded default, int8 weights): greedy speculative output equals the target's own.
+
+Exact properties pinned: f32 inference, f32 KV cache, DYNAMIC_QUANTIZATION_GROUP_SIZE=0 (int8
+matmuls otherwise quantize activations dynamically and 1-token vs k-token logits differ).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from engine.config import GenerationConfig
+from engine.pipeline import SpeculativePipeline
+
+PROMPTS = ["What is the capital of France?", "Write a Python function that checks whether a number is prime."]
+SHIPPED = sorted(p for p in (Path(__file__).resolve().parents[2] / "resources" / "drafts").glob("*")
+                 if (p / "config.json").is_file())
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_target: Path) -> dict[str, list[int]]:
+    alone = SpeculativePipeline.load(smollm2_target, None, precision="f32")
+    return {p: alone.generate(p, GenerationConfig(max_new_tokens=40)).token_ids for p in PROMPTS}
+
+
+def test_target_alone_equals_openvino_genai(smollm2_target: Path, reference) -> None:
+    import openvino_genai as ov_genai
+
+    pipe = ov_genai.LLMPipeline(str(smollm2_target), "CPU", INFERENCE_PRECISION_HINT="f32",
+                                KV_CACHE_PRECISION="f32", DYNAMIC_QUANTIZATION_GROUP_SIZE="0")
+    alone = SpeculativePipeline.load(smollm2_target, None, precision="f32")
+    for prompt, ours in reference.items():
+        ids = alone.encode_prompt(prompt)
+        res = pipe.generate(ov.Tensor(np.array([ids], np.int64)), ov_genai.GenerationConfig(max_new_tokens=40))
+        theirs = [int(t) for t in res.tokens[0]]
+        eos = alone.tokenizer.eos_token_ids
+        assert ours == [t for t in theirs if t not in eos][: len(ours)]
+    assert "Paris" in alone.tokenizer.decode(reference[PROMPTS[0]])
+
+
+def test_speculative_with_random_draft_equals_target(smollm2_target, smollm2_random_draft, reference) -> None:
+    spec = SpeculativePipeline.load(smollm2_target, smollm2_random_draft, precision="f32")
+    for prompt, ref in reference.items():
+        assert spec.generate(prompt, GenerationConfig(max_new_tokens=40)).token_ids == ref
+
+
+@pytest.mark.parametrize("shipped", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_draft_is_exact_and_accepted(tmp_path, smollm2_target, reference, shipped: Path) -> None:
+    from engine.export.draft import export_draft
+
+    draft = export_draft(shipped, tmp_path / "ov")
+    spec = SpeculativePipeline.load(smollm2_target, draft, precision="f32")
+    steps = []
+    for prompt, ref in reference.items():
+        out = spec.generate(prompt, GenerationConfig(max_new_tokens=40))
+        assert out.token_ids == ref
+        steps.append(out.metrics.tokens_per_step)
+    assert np.mean(steps) > 1.5, steps  # a trained draft must get tokens accepted
