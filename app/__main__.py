@@ -36,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", help="device to load on (CPU, GPU.0, NPU, ...)")
     p.add_argument("--demo-engine", action="store_true",
                    help="use the built-in fake engine (no model; for trying the interface)")
+    p.add_argument("--demo-devices", action="store_true",
+                   help="list a demo CPU, Arc GPU and NPU instead of this machine's devices")
     return p.parse_args(argv)
 
 
@@ -65,18 +67,26 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = S.open_settings()
     loader = None
+    validator = None
     label = ""
     if args.demo_engine:
         from app.fake_engine import fake_loader
 
-        loader = fake_loader(tokens_per_second=120.0)
+        loader = fake_loader(tokens_per_second=120.0, prefill_delay_s=0.05)
+        validator = lambda _t, _d: []  # noqa: E731 - the demo engine takes any folder as a draft
         label = "demo engine (no model)"
     if args.target:
         settings.setValue(S.K_LAST_TARGET, str(Path(args.target).resolve()))
         settings.setValue(S.K_LAST_DRAFT, str(Path(args.draft).resolve()) if args.draft else "")
     if args.device:
         settings.setValue(S.K_LAST_DEVICE, args.device)
-    win = MainWindow(settings=settings, loader=loader, engine_label=label)
+    devices = None
+    if args.demo_devices:
+        from app.fake_engine import demo_devices
+
+        devices = demo_devices()
+    win = MainWindow(settings=settings, loader=loader, devices=devices, draft_validator=validator,
+                     engine_label=label)
     win.show()
     return int(qapp.exec())
 

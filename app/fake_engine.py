@@ -227,6 +227,15 @@ class FakePipeline:
             time.sleep(delay)
 
 
+def demo_devices():
+    """A device list with an Arc GPU and an NPU, for trying the pickers on a machine without them."""
+    from engine.devices import describe
+
+    return [describe("CPU", full_name="Intel(R) Core(TM) Ultra 7 155H (demo)"),
+            describe("GPU.0", full_name="Intel(R) Arc(TM) A770 Graphics (dGPU) (demo)"),
+            describe("NPU", full_name="Intel(R) AI Boost (demo)")]
+
+
 def fake_loader(**options):
     """A loader with the real signature that builds FakePipelines with `options`."""
 

@@ -85,6 +85,33 @@ class Banner(QFrame):
         box.open()  # window-modal, does not block the event loop
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that shortens its text with … instead of widening the layout."""
+
+    def __init__(self, text: str = "", parent=None) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802
+        self._full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def resizeEvent(self, e) -> None:  # noqa: N802
+        super().resizeEvent(e)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 40))
+        super().setText(shown)
+
+
 def _html(text: str) -> str:
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
@@ -152,10 +179,9 @@ class MainWindow(QMainWindow):
         self.legend_target.setStyleSheet("background:#ffffff; border:1px solid #d0d5dd; border-radius:3px;")
         legend.addWidget(self.legend_draft)
         legend.addWidget(self.legend_target)
-        legend.addStretch(1)
-        self.conv_title = QLabel()
+        self.conv_title = ElidedLabel()
         self.conv_title.setObjectName("convTitle")
-        legend.addWidget(self.conv_title)
+        legend.addWidget(self.conv_title, 1)
         v.addLayout(legend)
 
         self.chat = ChatView()
@@ -182,12 +208,17 @@ class MainWindow(QMainWindow):
 
     def _build_docks(self, devices: list[DeviceInfo] | None, validator: DraftValidator | None) -> None:
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks)
+        # Side panels run the full height; the plots sit under the chat.
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
         # Conversations (left)
         conv_w = QWidget()
         cv = QVBoxLayout(conv_w)
         cv.setContentsMargins(4, 4, 4, 4)
         self.conv_list = QListWidget()
         self.conv_list.setObjectName("conversationList")
+        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conv_list.setEditTriggers(QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed)
         cv.addWidget(self.conv_list, 1)
         hb = QHBoxLayout()

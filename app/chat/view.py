@@ -36,14 +36,14 @@ def format_stats(stats: dict[str, Any] | None) -> str:
         parts.append(f"{_fmt_num(stats['decode_tok_s'], 1)} tok/s")
     if "tokens_per_step" in stats:
         parts.append(f"{_fmt_num(stats['tokens_per_step'], 2)} tokens/step")
-    if "acceptance_rate" in stats:
+    has_draft = bool(stats.get("draft")) and stats.get("draft") != "none"
+    if "acceptance_rate" in stats and has_draft:
         rate = float(stats["acceptance_rate"])
         pct = rate * 100.0 if rate <= 1.0 else rate
         parts.append(f"{pct:.0f}% accepted")
     if "tokens" in stats:
         parts.append(f"{stats['tokens']} tokens")
-    draft = stats.get("draft")
-    parts.append(f"draft: {draft}" if draft and draft != "none" else "no draft")
+    parts.append(f"draft: {stats['draft']}" if has_draft else "no draft")
     if stats.get("device"):
         parts.append(str(stats["device"]))
     return " · ".join(parts)

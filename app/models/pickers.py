@@ -373,8 +373,9 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: the target alone can run on NPU through openvino_genai.LLMPipeline. "
-                    + NPU_NOTICE.split(". ")[0] + ", so no draft can be used here.")
+            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. The target "
+                    "alone may run on NPU through openvino_genai.LLMPipeline where the engine offers that "
+                    "path; Load says if it does not.")
             state = "warn"
         elif switched:
             text = (f"{switched} cannot run a draft: {NPU_NOTICE.split('. ')[0]}. "

@@ -1,11 +1,12 @@
 """Prepare the embedded default target in a child process, with its output streamed into a log."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 from PySide6.QtCore import QProcess, QProcessEnvironment, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QFontDatabase, QTextCursor
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QProgressBar,
                                QVBoxLayout)
 
@@ -43,11 +44,13 @@ class PrepareDialog(QDialog):
         self.log.setReadOnly(True)
         self.log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.log.setMaximumBlockCount(5000)
+        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         lay.addWidget(self.log, 1)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.buttons.rejected.connect(self.reject)
         lay.addWidget(self.buttons)
         self.exit_code: int | None = None
+        self._carriage = False  # a bare \r arrived: the next text redraws the current line
 
         self.proc = QProcess(self)
         self.proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
@@ -60,20 +63,41 @@ class PrepareDialog(QDialog):
         self.proc.errorOccurred.connect(self._error)
 
     def start(self) -> None:
-        self.log.appendPlainText(f"$ {self.program} {' '.join(self.args)}")
+        self.write(f"$ {self.program} {' '.join(self.args)}\n")
         self.proc.start(self.program, self.args)
+
+    def write(self, data: str) -> None:
+        """Append output like a terminal: \\n starts a line, a bare \\r redraws the current one
+        (progress bars), so a progress bar stays one line in the log."""
+        sb = self.log.verticalScrollBar()
+        at_bottom = sb.value() >= sb.maximum() - 4
+        cur = self.log.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        cur.beginEditBlock()
+        for part in re.split(r"(\r\n|\n|\r)", data):
+            if part in ("\n", "\r\n"):
+                cur.insertBlock()
+                self._carriage = False
+            elif part == "\r":
+                self._carriage = True
+            elif part:
+                if self._carriage:
+                    cur.movePosition(QTextCursor.MoveOperation.StartOfBlock, QTextCursor.MoveMode.KeepAnchor)
+                    cur.removeSelectedText()
+                    self._carriage = False
+                cur.insertText(part)
+        cur.endEditBlock()
+        if at_bottom:
+            sb.setValue(sb.maximum())
 
     def _read(self) -> None:
         data = bytes(self.proc.readAllStandardOutput()).decode("utf-8", errors="replace")
-        text = data.replace("\r\n", "\n").rstrip("\n")
-        if text:
-            # Progress bars redraw with \r: keep only the last state of each line.
-            lines = [ln.split("\r")[-1] for ln in text.split("\n")]
-            self.log.appendPlainText("\n".join(lines))
+        if data:
+            self.write(data)
 
     def _error(self, err: QProcess.ProcessError) -> None:
         if err == QProcess.ProcessError.FailedToStart:
-            self.log.appendPlainText(f"Could not start {self.program}: {self.proc.errorString()}")
+            self.write(f"\nCould not start {self.program}: {self.proc.errorString()}\n")
             self._done(False, "The preparation could not start.")
 
     def _finished(self, code: int, status: QProcess.ExitStatus) -> None:
@@ -98,7 +122,7 @@ class PrepareDialog(QDialog):
 
     def stop(self) -> None:
         if self.proc.state() != QProcess.ProcessState.NotRunning:
-            self.log.appendPlainText("Stopping…")
+            self.write("\nStopping…\n")
             self.proc.kill()
             self.proc.waitForFinished(5000)
 

@@ -64,7 +64,8 @@ class LivePlots(QWidget):
         row.setSpacing(6)
         lay.addLayout(row, 1)
 
-        self.p_tokens = self._plot("Tokens per step", "target step", "tokens")
+        self.p_tokens = self._plot(f"<span style='color:{TARGET_COLOR}'>Tokens per step</span> "
+                                   f"(<span style='color:{MEAN_COLOR}'>mean of 16</span>)", "target step", "tokens")
         self.c_tokens = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1),
                                            symbol="o", symbolSize=4, symbolBrush=TARGET_COLOR,
                                            symbolPen=None, name="this step")
@@ -78,9 +79,14 @@ class LivePlots(QWidget):
         self.p_accept.addItem(self.bars)
         self.p_accept.setYRange(0, 100, padding=0.02)
         self.p_accept.setXRange(0.5, 7.5, padding=0)
+        self.no_draft_text = pg.TextItem("", color="#667085", anchor=(0.5, 0.5))
+        self.no_draft_text.setTextWidth(150)
+        self.no_draft_text.setPos(4.0, 50.0)
+        self.p_accept.addItem(self.no_draft_text)
         row.addWidget(self.p_accept, 1)
 
-        self.p_time = self._plot("Time per step", "target step", "ms")
+        self.p_time = self._plot(f"ms per step: <span style='color:{DRAFT_COLOR}'>draft</span> vs "
+                                 f"<span style='color:{TARGET_COLOR}'>target</span>", "target step", "ms")
         self.c_draft = self.p_time.plot([], [], pen=pg.mkPen(DRAFT_COLOR, width=1.5), name="draft")
         self.c_target = self.p_time.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1.5), name="target")
         row.addWidget(self.p_time, 1)
@@ -92,7 +98,7 @@ class LivePlots(QWidget):
 
     def _plot(self, title: str, xlabel: str, ylabel: str) -> pg.PlotWidget:
         w = pg.PlotWidget(background="w")
-        w.setTitle(title, color="#111827", size="10pt")
+        w.setTitle(title, color="#111827", size="9pt")
         w.setLabel("bottom", xlabel)
         w.setLabel("left", ylabel)
         w.showGrid(x=True, y=True, alpha=0.25)
@@ -103,10 +109,6 @@ class LivePlots(QWidget):
         item = w.getPlotItem()
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
-        legend_wanted = title != "Acceptance by block position"
-        if legend_wanted:
-            item.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=(255, 255, 255, 210),
-                           pen=(208, 213, 221))
         return w
 
     # -- data (cheap; any rate) ------------------------------------------------------------------
@@ -190,7 +192,15 @@ class LivePlots(QWidget):
         pct = self.acceptance_percent()
         positions = np.arange(1, len(pct) + 1)
         self.bars.setOpts(x=positions, height=pct, width=0.7)
-        self.p_accept.setXRange(0.5, max(7, len(pct)) + 0.5, padding=0)
+        span = max(7, len(pct))
+        self.p_accept.setXRange(0.5, span + 0.5, padding=0)
+        if len(y) and not len(pct):
+            self.no_draft_text.setText("No draft: nothing to accept")
+        elif len(pct) and not self.hits.any():
+            self.no_draft_text.setText("No draft token accepted yet (0% at every position)")
+        else:
+            self.no_draft_text.setText("")
+        self.no_draft_text.setPos((span + 1) / 2.0, 50.0)
         self.c_draft.setData(x, self.draft_ms.view(), skipFiniteCheck=True)
         self.c_target.setData(x, self.target_ms.view(), skipFiniteCheck=True)
         if len(y):

@@ -91,6 +91,14 @@ def test_prepare_dialog_streams_the_log(qtbot):
     assert "ready" in dlg.info.text()
 
 
+def test_prepare_log_keeps_a_progress_bar_on_one_line(qtbot):
+    dlg = PrepareDialog((sys.executable, ["-c", "pass"]))
+    qtbot.addWidget(dlg)
+    dlg.write("Converting:   0%\rConverting:  50%")
+    dlg.write("\rConverting: 100%\nDone\r\n")
+    assert dlg.log.toPlainText() == "Converting: 100%\nDone\n"
+
+
 def test_prepare_dialog_reports_failure(qtbot):
     dlg = PrepareDialog((sys.executable, ["-c", "import sys; print('no network'); sys.exit(3)"]))
     qtbot.addWidget(dlg)
