@@ -42,6 +42,7 @@ class StepEvent:
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "cancelled"
     timings: StepTimings = field(default_factory=StepTimings)
     confidence: list[float] | None = None  # per drafted position, drafts with a confidence head
+    logprobs: list[float] | None = None  # target log-probability of each committed token (logits requests)
 
     @property
     def text(self) -> str:

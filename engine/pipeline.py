@@ -24,6 +24,9 @@ from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.properties import compile_properties
 from engine.models.target import TargetModel, check_target_dir
 from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+from engine.sampling.distribution import Dist
+from engine.sampling.processors import LogitsProcessor, needs_logits
+from engine.sampling.rejection import verify, verify_greedy
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 NPU_NOTICE = ("DFlash runs on the continuous batching backend only, which NPU pipelines do not use: "
@@ -37,6 +40,7 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str
     metrics: RequestMetrics
+    cumulative_logprob: float | None = None  # under the processed target distribution (logits requests)
 
 
 @dataclass
@@ -55,6 +59,10 @@ class _Request:
     t_first: float = 0.0
     finish_reason: str | None = None
     cancel_requested: bool = False
+    processor: LogitsProcessor | None = None  # None: greedy on in-graph argmax ids
+    rng: np.random.Generator | None = None  # the target's draws (verification, residuals, bonus)
+    draft_rng: np.random.Generator | None = None  # the draft's own, independent stream
+    cumulative_logprob: float = 0.0
 
 
 class SpeculativePipeline:
@@ -151,8 +159,14 @@ class SpeculativePipeline:
         rid = self._next_id
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
-        self._queue.append(_Request(rid, ids, config, n, IncrementalDetokenizer(self.tokenizer), metrics,
-                                    time.perf_counter()))
+        req = _Request(rid, ids, config, n, IncrementalDetokenizer(self.tokenizer), metrics, time.perf_counter())
+        if needs_logits(config):
+            stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
+            req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
+            seed = config.rng_seed if config.rng_seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+            req.rng = np.random.default_rng(seed)
+            req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
+        self._queue.append(req)
         return rid
 
     def has_unfinished(self) -> bool:
@@ -173,7 +187,8 @@ class SpeculativePipeline:
 
     def result(self, request_id: int) -> GenerationResult:
         req = self._finished[request_id]
-        return GenerationResult(req.detok.text, list(req.generated), req.finish_reason or "", req.metrics)
+        return GenerationResult(req.detok.text, list(req.generated), req.finish_reason or "", req.metrics,
+                                req.cumulative_logprob if req.processor is not None else None)
 
     # ---- the step loop ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
@@ -191,38 +206,70 @@ class SpeculativePipeline:
         t0 = time.perf_counter()
         timings = StepTimings()
         drafted: list[int] = []
+        logprobs: list[float] | None = None
         if req.steps == 0:
-            out = self.target.infer(req.prompt_ids, logit_rows=1)
+            out = self.target.infer(req.prompt_ids, logit_rows=1, want_logits=req.processor is not None)
             timings.target_ms = (time.perf_counter() - t0) * 1e3
-            tokens, accepted = [int(out.next_ids[-1])], 0
+            if req.processor is None:
+                tokens = [int(out.next_ids[-1])]
+            else:
+                p = req.processor.distribution(out.logits[-1])
+                tokens = [p.sample(req.rng.random()) if req.config.do_sample else p.argmax()]
+                logprobs = [_log(p.prob(tokens[0]))]
+            accepted = 0
             req.context = out.hidden.copy() if out.hidden is not None else None
         else:
             remaining = req.config.max_new_tokens - len(req.generated)
             n = min(req.num_candidates, remaining - 1)
+            proposals: list[Dist] = []
             if n > 0:
                 drafted = [int(x) for x in self.draft.draft(req.anchor, n, req.context)]
                 timings.draft_model_ms = self.draft.last_model_ms
+                if req.config.do_sample:  # redraw each candidate from the processed draft distribution
+                    rows = self.draft.last_logits()
+                    drafted = []
+                    for j in range(n):
+                        q = req.processor.distribution(rows[j], drafted)
+                        drafted.append(q.sample(req.draft_rng.random()))
+                        proposals.append(q)
                 t1 = time.perf_counter()
                 timings.draft_step_ms = (t1 - t0) * 1e3
                 timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms
             else:
                 t1 = t0
-            out = self.target.infer([req.anchor] + drafted, logit_rows=n + 1 if n > 0 else 1)
+            rows_needed = n + 1 if n > 0 else 1
+            out = self.target.infer([req.anchor] + drafted, logit_rows=rows_needed,
+                                    want_logits=req.processor is not None)
             timings.target_ms = (time.perf_counter() - t1) * 1e3
-            post = out.next_ids
-            accepted = 0
-            while accepted < len(drafted) and drafted[accepted] == post[accepted]:
-                accepted += 1
-            tokens = drafted[:accepted] + [int(post[accepted])]
+            if req.processor is None:
+                post = out.next_ids
+                accepted = 0
+                while accepted < len(drafted) and drafted[accepted] == post[accepted]:
+                    accepted += 1
+                tokens = drafted[:accepted] + [int(post[accepted])]
+            else:
+                rows, cache = out.logits, {}
+
+                def p_row(k: int) -> Dist:
+                    if k not in cache:
+                        cache[k] = req.processor.distribution(rows[k], drafted[:k])
+                    return cache[k]
+
+                if req.config.do_sample:
+                    accepted, last = verify(p_row, drafted, proposals, req.rng, self.target.vocab_size)
+                else:
+                    accepted, last = verify_greedy(p_row, drafted)
+                tokens = drafted[:accepted] + [last]
+                logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
             self.target.trim(self.target.length - (len(drafted) - accepted))
             if out.hidden is not None:
                 req.context = out.hidden[: accepted + 1].copy()
-        event = self._commit(req, drafted, tokens, accepted, timings)
+        event = self._commit(req, drafted, tokens, accepted, timings, logprobs)
         event.timings.total_ms = (time.perf_counter() - t0) * 1e3
         return [self._finish(req, event) if event.finished else self._record(req, event)]
 
     def _commit(self, req: _Request, drafted: list[int], tokens: list[int], accepted: int,
-                timings: StepTimings) -> StepEvent:
+                timings: StepTimings, logprobs: list[float] | None = None) -> StepEvent:
         """Apply stop rules to the step's tokens, decode them and build the event."""
         cfg = req.config
         reason = None
@@ -236,6 +283,11 @@ class SpeculativePipeline:
             if len(tokens) > room or reason is None:
                 tokens, reason = tokens[:room], "length"
         accepted = min(accepted, len(tokens))
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]
+            req.cumulative_logprob += sum(logprobs)
+        if req.processor is not None:
+            req.processor.commit(tokens)
         shown = len(req.detok.text)
         pieces = req.detok.feed(tokens, accepted)
         if cfg.stop_strings:
@@ -252,7 +304,8 @@ class SpeculativePipeline:
             req.metrics.ttft_ms = (now - req.t_added) * 1e3
         else:
             req.metrics.decode_ms = (now - req.t_first) * 1e3
-        event = StepEvent(req.id, req.steps, drafted, accepted, tokens, pieces, reason is not None, reason, timings)
+        event = StepEvent(req.id, req.steps, drafted, accepted, tokens, pieces, reason is not None, reason, timings,
+                          logprobs=logprobs)
         req.steps += 1
         return event
 
@@ -289,6 +342,10 @@ class SpeculativePipeline:
                 if event.request_id == rid and on_event is not None and on_event(event):
                     self.cancel(rid)
         return self.result(rid)
+
+
+def _log(p: float) -> float:
+    return float(np.log(p)) if p > 0.0 else -float("inf")
 
 
 def _cut_pieces(pieces: list[TextPiece], keep: int) -> list[TextPiece]:

@@ -159,7 +159,9 @@ def graft_target_head(draft: ov.Model, target: ov.Model, top_k: int = 1) -> ov.M
     topk = ops.topk(_to_f32(logits.output(0)), top_k, -1, "max", "value", ov.Type.i32)
     ids = ops.result(topk.output(1))
     ids.output(0).get_tensor().set_names({"draft_token_ids"})
-    draft.add_results([ids])
+    full = ops.result(_to_f32(logits.output(0)))  # read only by sampled requests (zero-copy view)
+    full.output(0).get_tensor().set_names({"draft_logits"})
+    draft.add_results([ids, full])
     draft.validate_nodes_and_infer_types()
     return draft
 
@@ -200,3 +202,7 @@ class DraftModel:
         self.last_model_ms = (time.perf_counter() - t0) * 1e3
         self.committed += rows
         return self.request.get_tensor("draft_token_ids").data.reshape(-1).copy()
+
+    def last_logits(self) -> np.ndarray:
+        """Full-vocabulary logits [N, V] of the last draft call (a view, valid until the next call)."""
+        return self.request.get_tensor("draft_logits").data[0]

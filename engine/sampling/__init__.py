@@ -1,0 +1,1 @@
+"""Logit processors, token distributions and exact rejection sampling (no Qt, numpy only)."""
