@@ -61,8 +61,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.pipeline import SpeculativePipeline
 
     target, draft = _resolve_models(args)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens,
-                              stop_strings=list(args.stop or []))
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+        num_assistant_tokens=args.num_assistant_tokens, stop_strings=list(args.stop or []),
+        do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
     pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision)
 
@@ -73,6 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = pipe.generate(args.prompt, config, chat=args.chat, on_event=stream)
     if args.json:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+               "cumulative_logprob": result.cumulative_logprob,
                "target": str(target), "draft": str(draft) if draft else None, **result.metrics.as_dict()}
         print(json.dumps(out, ensure_ascii=False))
     else:
@@ -154,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-assistant-tokens", type=int, default=None, help="candidates per step (default: block-1)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--min-new-tokens", type=int, default=0)
+    gen.add_argument("--do-sample", action="store_true", help="sample (exact rejection sampling verifies drafts)")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--presence-penalty", type=float, default=0.0)
+    gen.add_argument("--frequency-penalty", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None, help="random seed (sampling)")
     gen.add_argument("--json", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
