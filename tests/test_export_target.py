@@ -122,11 +122,12 @@ def test_genai_chat_template_and_ids(tiny_llama_target: Path, tiny_llama_hf: Pat
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_int8_export_is_annotated(tiny_llama_hf: Path, tmp_path: Path) -> None:
-    out = export_target(tiny_llama_hf, tmp_path / "int8", weight_format="int8")
+@pytest.mark.parametrize("weight_format, weight_type", [("int8", ov.Type.u8), ("int4", ov.Type.u4)])
+def test_compressed_export_is_annotated(tiny_llama_hf: Path, tmp_path: Path, weight_format: str, weight_type) -> None:
+    out = export_target(tiny_llama_hf, tmp_path / weight_format, weight_format=weight_format)
     check_target_folder(out)
     model = _read(out)
-    assert any(op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.u8 for op in model.get_ops())
+    assert any(op.get_type_name() == "Constant" and op.get_element_type() == weight_type for op in model.get_ops())
     assert hidden_taps.read_annotation(model) is not None
     assert len(hidden_taps.find_decoder_layer_outputs(model, use_annotation=False)) == 4
 

@@ -38,8 +38,10 @@ REQUIRED_FILES = {
     "config.json": "the model configuration",
 }
 
-# optimum's own default for `--weight-format int4` when a model has no tuned config.
-_INT4_CONFIG = {"bits": 4, "ratio": 1.0, "sym": False, "group_size": 128, "all_layers": None}
+# optimum's own default for `--weight-format int4` when a model has no tuned config, plus the
+# group-size fallback its tuned configs use: SmolLM2's 576 input channels are not a multiple of
+# 128 and nncf refuses by default (those layers get the largest group size that fits, e.g. 64).
+_INT4_CONFIG = {"bits": 4, "ratio": 1.0, "sym": False, "group_size": 128, "all_layers": None, "group_size_fallback": "adjust"}
 _INT8_CONFIG = {"bits": 8, "sym": False}
 
 
@@ -47,7 +49,8 @@ def check_target_folder(path: Path | str) -> None:
     """Raise ModelFolderError naming the first missing/empty file and how to get a good folder."""
     path = Path(path)
     fix = (
-        "Export it again from its Hugging Face folder (`dflash-studio export`), or run "
+        "Export it again from its Hugging Face folder (`dflash-studio export --kind target --input HF_DIR "
+        "--output DIR`), or run "
         "`dflash-studio prepare` for the embedded default target."
     )
     if not path.is_dir():
@@ -79,6 +82,7 @@ def export_target(
     """
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     say = progress or (lambda _msg: None)
+    weight_format = weight_format or "int8"  # the CLI passes None for "the default"
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: use one of {', '.join(WEIGHT_FORMATS)}.")
     config = _read_hf_config(hf_dir)
@@ -91,10 +95,7 @@ def export_target(
         xml = staging / "openvino_model.xml"
         if not xml.is_file():
             raise ModelFolderError(f"optimum-intel wrote no openvino_model.xml for {hf_dir}; see its log above.")
-        if weight_format in ("int8", "int4"):
-            say(f"Compressing weights to {weight_format}")
-        say("Locating decoder-layer outputs (hidden_states_decoder_layers)")
-        layers = _finish_ir(xml, config, weight_format)
+        layers = _finish_ir(xml, config, weight_format, say)
         _ensure_chat_template(staging, hf_dir)
         check_target_folder(staging)
         info = {
@@ -105,11 +106,11 @@ def export_target(
             "num_hidden_layers": config.get("num_hidden_layers"),
             "hidden_size": config.get("hidden_size"),
             "annotated_layers": layers,
-            "versions": _versions(),
+            "versions": package_versions(),
         }
         (staging / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2), encoding="utf-8")
         say(f"Moving the finished export to {out_dir}")
-        _swap_into_place(staging, out_dir)
+        swap_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -150,7 +151,7 @@ def _run_optimum_export(hf_dir: Path, out: Path, weight_format: str) -> None:
     )
 
 
-def _finish_ir(xml: Path, config: dict, weight_format: str) -> int:
+def _finish_ir(xml: Path, config: dict, weight_format: str, say: Callable[[str], None]) -> int:
     """Compress weights (int8/int4) and add the hidden-state annotation; return the layer count."""
     import openvino as ov
 
@@ -160,11 +161,15 @@ def _finish_ir(xml: Path, config: dict, weight_format: str) -> int:
     model = core.read_model(xml)
     changed = False
     if weight_format in ("int8", "int4"):
+        # The same call and defaults optimum-cli's --weight-format uses (private, pinned 2.2.0).
         from optimum.intel.openvino.quantization import _weight_only_quantization
+
+        say(f"Compressing weights to {weight_format}")
 
         model = _weight_only_quantization(model, dict(_INT8_CONFIG if weight_format == "int8" else _INT4_CONFIG))
         changed = True
 
+    say("Locating decoder-layer outputs (hidden_states_decoder_layers)")
     n_layers = config.get("num_hidden_layers")
     model_type = config.get("model_type", "")
     existing = hidden_taps.read_annotation(model)
@@ -219,7 +224,7 @@ def _ensure_chat_template(out: Path, hf_dir: Path) -> None:
         )
 
 
-def _swap_into_place(staging: Path, out_dir: Path) -> None:
+def swap_into_place(staging: Path, out_dir: Path) -> None:
     """Rename staging to out_dir; an old out_dir is moved aside first and deleted after."""
     old = None
     if out_dir.exists():
@@ -235,11 +240,14 @@ def _swap_into_place(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _versions() -> dict[str, str]:
+def package_versions(
+    dists: tuple[str, ...] = ("openvino", "openvino-tokenizers", "optimum-intel", "transformers", "torch", "nncf"),
+) -> dict[str, str]:
+    """Installed versions of the packages that shape an export (recorded next to it)."""
     from importlib import metadata
 
     out = {}
-    for dist in ("openvino", "openvino-tokenizers", "optimum-intel", "transformers", "torch", "nncf"):
+    for dist in dists:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
