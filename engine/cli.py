@@ -63,7 +63,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, draft = _resolve_models(args)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-        num_assistant_tokens=args.num_assistant_tokens, stop_strings=list(args.stop or []),
+        num_assistant_tokens=args.num_assistant_tokens, markov_head_top_k=args.markov_head_top_k,
+        stop_strings=list(args.stop or []),
         do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
@@ -158,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-assistant-tokens", type=int, default=None, help="candidates per step (default: block-1)")
+    gen.add_argument("--markov-head-top-k", type=int, default=None,
+                     help="drafts with a Markov head: K of the Top-K scorer (0 = dense walk, DSpark only)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--min-new-tokens", type=int, default=0)
     gen.add_argument("--do-sample", action="store_true", help="sample (exact rejection sampling verifies drafts)")

@@ -18,6 +18,7 @@ class GenerationConfig:
     max_new_tokens: int = 256
     min_new_tokens: int = 0
     num_assistant_tokens: int | None = None
+    markov_head_top_k: int | None = None  # drafts with a Markov head: K of the scorer, 0 = dense walk
     stop_token_ids: set[int] = field(default_factory=set)
     stop_strings: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -51,6 +52,8 @@ class GenerationConfig:
         _float_in("presence_penalty", self.presence_penalty, 0.0, math.inf)
         _float_in("frequency_penalty", self.frequency_penalty, 0.0, math.inf)
         _int_at_least("top_k", self.top_k, 0)
+        if self.markov_head_top_k is not None:
+            _int_at_least("markov_head_top_k", self.markov_head_top_k, 0)
         if self.rng_seed is not None:
             _int_at_least("rng_seed", self.rng_seed, 0)
         if self.num_assistant_tokens is not None:

@@ -19,6 +19,7 @@ import openvino as ov
 from engine.config import GenerationConfig
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
+from engine.drafting.selector import SamplingSpec, select_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.properties import compile_properties
@@ -49,6 +50,7 @@ class _Request:
     prompt_ids: list[int]
     config: GenerationConfig
     num_candidates: int
+    top_k: int  # the Markov head's scorer K (0 = dense walk); unused without a head
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
     t_added: float
@@ -149,17 +151,12 @@ class SpeculativePipeline:
         ids = self.encode_prompt(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
-        n = 0
-        if self.draft is not None:
-            n = config.num_assistant_tokens or self.draft.info.max_candidates
-            if n > self.draft.info.max_candidates:
-                raise ValueError(f"num_assistant_tokens={n} is more than draft {self.draft.info.name} proposes per "
-                                 f"block: use 1..{self.draft.info.max_candidates} (its block size is "
-                                 f"{self.draft.info.block_size}).")
+        n, top_k = self._draft_settings(config)
         rid = self._next_id
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
-        req = _Request(rid, ids, config, n, IncrementalDetokenizer(self.tokenizer), metrics, time.perf_counter())
+        req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
+                       time.perf_counter())
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -168,6 +165,28 @@ class SpeculativePipeline:
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
         self._queue.append(req)
         return rid
+
+    def _draft_settings(self, config: GenerationConfig) -> tuple[int, int]:
+        """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit."""
+        if self.draft is None:
+            return 0, 0
+        info = self.draft.info
+        n = config.num_assistant_tokens or info.max_candidates
+        if n > info.max_candidates:
+            raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
+                             f"1..{info.max_candidates} (its block size is {info.block_size}).")
+        if not info.has_head:
+            return n, 0
+        k = info.default_top_k if config.markov_head_top_k is None else config.markov_head_top_k
+        if k == 0 and info.variant == "dflash_v2":
+            raise ValueError("markov_head_top_k=0 asks for the dense Markov walk, which only DSpark heads have: "
+                             "DFlash v2's selector scores Top-K candidates; use markov_head_top_k >= 1.")
+        if k == 0 and self.draft.dense_head is None:
+            raise ValueError(f"markov_head_top_k=0 (dense Markov walk) needs {info.folder.name}/"
+                             "openvino_markov_head_dense_model.xml, which is missing: export the draft again.")
+        if k > self.target.vocab_size:
+            raise ValueError(f"markov_head_top_k={k} is larger than the vocabulary ({self.target.vocab_size}).")
+        return n, k
 
     def has_unfinished(self) -> bool:
         return self._active is not None or bool(self._queue)
@@ -207,6 +226,7 @@ class SpeculativePipeline:
         timings = StepTimings()
         drafted: list[int] = []
         logprobs: list[float] | None = None
+        confidence: list[float] | None = None
         if req.steps == 0:
             out = self.target.infer(req.prompt_ids, logit_rows=1, want_logits=req.processor is not None)
             timings.target_ms = (time.perf_counter() - t0) * 1e3
@@ -223,18 +243,15 @@ class SpeculativePipeline:
             n = min(req.num_candidates, remaining - 1)
             proposals: list[Dist] = []
             if n > 0:
-                drafted = [int(x) for x in self.draft.draft(req.anchor, n, req.context)]
+                sampling = (SamplingSpec(req.processor, req.draft_rng, req.config.temperature)
+                            if req.config.do_sample else None)
+                got = select_candidates(self.draft, req.anchor, n, req.context, req.top_k, sampling)
+                drafted, proposals, confidence = got.tokens, got.proposals, got.confidence
                 timings.draft_model_ms = self.draft.last_model_ms
-                if req.config.do_sample:  # redraw each candidate from the processed draft distribution
-                    rows = self.draft.last_logits()
-                    drafted = []
-                    for j in range(n):
-                        q = req.processor.distribution(rows[j], drafted)
-                        drafted.append(q.sample(req.draft_rng.random()))
-                        proposals.append(q)
+                timings.markov_head_ms = got.head_ms
                 t1 = time.perf_counter()
                 timings.draft_step_ms = (t1 - t0) * 1e3
-                timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms
+                timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - timings.markov_head_ms
             else:
                 t1 = t0
             rows_needed = n + 1 if n > 0 else 1
@@ -265,6 +282,7 @@ class SpeculativePipeline:
             if out.hidden is not None:
                 req.context = out.hidden[: accepted + 1].copy()
         event = self._commit(req, drafted, tokens, accepted, timings, logprobs)
+        event.confidence = confidence
         event.timings.total_ms = (time.perf_counter() - t0) * 1e3
         return [self._finish(req, event) if event.finished else self._record(req, event)]
 

@@ -21,6 +21,9 @@ from engine.errors import DraftMismatchError, ModelFolderError
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
+SCORER_FILE = "openvino_markov_head_model.xml"
+DENSE_HEAD_FILE = "openvino_markov_head_dense_model.xml"
+VARIANTS = ("dflash_v1", "dspark", "dflash_v2")
 
 
 @dataclass
@@ -28,13 +31,22 @@ class DraftInfo:
     """What a draft folder declares (IR rt_info first, config.json as a fallback)."""
 
     folder: Path
-    variant: str  # "dflash_v1"
+    variant: str  # one of VARIANTS
     mask_token_id: int
     target_layer_ids: list[int]
     block_size: int
     hidden_size: int  # width of inputs_embeds
     context_width: int  # width of hidden_states (= len(target_layer_ids) * target hidden)
     vocab_size: int | None  # from config.json, when it says
+    candidate_offset: int = 1  # 1: z-lab layout (anchor row dropped); 0: DSpark "sample from anchor"
+    head_type: str = "none"  # none | vanilla | gated | selector
+    markov_rank: int = 0
+    default_top_k: int = 0  # the scorer's K when a request does not say
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float = 0.0
+    activations_scale_factor: float | None = None  # GPU compile floor (DFlash v2)
+    has_confidence: bool = False
 
     @property
     def name(self) -> str:
@@ -42,7 +54,12 @@ class DraftInfo:
 
     @property
     def max_candidates(self) -> int:
-        return self.block_size - 1
+        """Candidates one block yields: the block minus the anchor row in the z-lab layout."""
+        return self.block_size - self.candidate_offset
+
+    @property
+    def has_head(self) -> bool:
+        return self.head_type != "none"
 
 
 def _rt(model: ov.Model, *path: str) -> str | None:
@@ -81,13 +98,34 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         raise ModelFolderError(f"Draft {folder} does not say its mask_token_id, target_layer_ids and block_size "
                                "(IR metadata or config.json): re-export it with `dflash-studio export --kind draft`.")
     variant = _rt(model, "dflash", "variant") or "dflash_v1"
-    return DraftInfo(
+    if variant not in VARIANTS:
+        raise ModelFolderError(f"Draft {folder} says variant {variant!r}; this version knows {', '.join(VARIANTS)}.")
+
+    def num(key: str, default: float) -> float:
+        value = _rt(model, "dflash", key)
+        return float(value) if value not in (None, "") else default
+
+    asf = _rt(model, "runtime_options", "ACTIVATIONS_SCALE_FACTOR")
+    info = DraftInfo(
         folder=folder, variant=variant, mask_token_id=int(mask), target_layer_ids=layer_ids,
         block_size=int(block),
         hidden_size=int(model.input("inputs_embeds").get_partial_shape()[2].get_length()),
         context_width=int(model.input("hidden_states").get_partial_shape()[2].get_length()),
         vocab_size=config.get("vocab_size"),
+        candidate_offset=int(num("candidate_position_offset", 0 if variant == "dspark" else 1)),
+        head_type=_rt(model, "dflash", "markov_head_type") or "none",
+        markov_rank=int(num("markov_rank", 0)),
+        default_top_k=int(num("markov_head_top_k", 0)),
+        input_embedding_scale=num("input_embedding_scale", 1.0),
+        output_multiplier=num("output_multiplier", 1.0),
+        final_logit_softcapping=num("final_logit_softcapping", 0.0),
+        activations_scale_factor=float(asf) if asf else None,
+        has_confidence=(_rt(model, "dflash", "confidence_head") or "").lower() == "true",
     )
+    if info.has_head and not (folder / SCORER_FILE).is_file():
+        raise ModelFolderError(f"Draft {folder} declares a {info.head_type} Markov head but {SCORER_FILE} is "
+                               "missing: export the draft again, or copy the head files next to the backbone.")
+    return info
 
 
 def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = None) -> list[str]:
@@ -143,39 +181,59 @@ def _to_f32(out: ov.Output) -> ov.Output:
     return out if out.get_element_type() == ov.Type.f32 else ops.convert(out, ov.Type.f32).output(0)
 
 
-def graft_target_head(draft: ov.Model, target: ov.Model, top_k: int = 1) -> ov.Model:
-    """Replace `inputs_embeds` by the target's embedding of `input_ids`; add lm_head + TopK outputs."""
+def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None = None) -> ov.Model:
+    """Replace `inputs_embeds` by the target's embedding of `input_ids`; add lm_head + Top-K outputs.
+
+    Outputs added: `draft_topk_ids` / `draft_topk_logits` ([1, N, k], k from the scalar input
+    `top_k`), `draft_logits` (full rows, read by sampled requests and the dense walk). DFlash v2's
+    scales apply here: embeddings x input_embedding_scale, U = softcap(output_multiplier x logits).
+    """
     embeds = draft.input("inputs_embeds").get_node()
     input_ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
     input_ids.output(0).get_tensor().set_names({"input_ids"})
     gathered = _to_f32(ops.gather(_embedding_weights(target), input_ids, ops.constant(0, ov.Type.i64)).output(0))
+    if info is not None and info.input_embedding_scale != 1.0:
+        gathered = ops.multiply(gathered, ops.constant(np.float32(info.input_embedding_scale))).output(0)
     for consumer in list(embeds.output(0).get_target_inputs()):
         consumer.replace_source_output(gathered)
     draft.remove_parameter(embeds)
-    draft.add_parameters([input_ids])
     head = _lm_head(target)
     hidden = draft.output("last_hidden_state").get_node().input_value(0)
-    logits = ops.matmul(hidden, head.input_value(1), False, head.get_attributes()["transpose_b"])
-    topk = ops.topk(_to_f32(logits.output(0)), top_k, -1, "max", "value", ov.Type.i32)
-    ids = ops.result(topk.output(1))
-    ids.output(0).get_tensor().set_names({"draft_token_ids"})
-    full = ops.result(_to_f32(logits.output(0)))  # read only by sampled requests (zero-copy view)
-    full.output(0).get_tensor().set_names({"draft_logits"})
-    draft.add_results([ids, full])
+    logits = _to_f32(ops.matmul(hidden, head.input_value(1), False, head.get_attributes()["transpose_b"]).output(0))
+    if info is not None and info.output_multiplier != 1.0:
+        logits = ops.multiply(logits, ops.constant(np.float32(info.output_multiplier))).output(0)
+    if info is not None and info.final_logit_softcapping > 0.0:
+        cap = ops.constant(np.float32(info.final_logit_softcapping))
+        logits = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap).output(0)
+    top_k = ops.parameter([], ov.Type.i64, name="top_k")
+    top_k.output(0).get_tensor().set_names({"top_k"})
+    draft.add_parameters([input_ids, top_k])
+    topk = ops.topk(logits, top_k, -1, "max", "value", ov.Type.i32)
+    results = []
+    for port, name in ((topk.output(1), "draft_topk_ids"), (topk.output(0), "draft_topk_logits"), (logits, "draft_logits")):
+        r = ops.result(port)
+        r.output(0).get_tensor().set_names({name})
+        results.append(r)
+    draft.add_results(results)
     draft.validate_nodes_and_infer_types()
     return draft
 
 
 class DraftModel:
-    """A compiled DFlash draft for one sequence; its KV state holds committed context rows only."""
+    """A compiled DFlash-family draft for one sequence; its KV state holds committed context rows only."""
 
     def __init__(self, info: DraftInfo, target_folder: Path, core: ov.Core, device: str,
                  properties: dict[str, str]) -> None:
         self.info = info
         draft = core.read_model(info.folder / "openvino_model.xml")
         target = core.read_model(Path(target_folder) / "openvino_model.xml")
-        self.compiled = core.compile_model(graft_target_head(draft, target), device, properties)
+        props = draft_compile_properties(info, device, properties)
+        self.compiled = core.compile_model(graft_target_head(draft, target, info), device, props)
         self.request = self.compiled.create_infer_request()
+        self.scorer = (core.compile_model(info.folder / SCORER_FILE, device, props).create_infer_request()
+                       if info.has_head else None)
+        self.dense_head = (core.compile_model(info.folder / DENSE_HEAD_FILE, device, props).create_infer_request()
+                           if info.has_head and (info.folder / DENSE_HEAD_FILE).is_file() else None)
         self.committed = 0  # context rows held in the draft's KV state
         self._beam = np.zeros(1, np.int32)
         self.last_model_ms = 0.0
@@ -184,10 +242,10 @@ class DraftModel:
         self.request.reset_state()
         self.committed = 0
 
-    def draft(self, anchor: int, num_candidates: int, context: np.ndarray) -> np.ndarray:
-        """Propose `num_candidates` tokens after `anchor`, feeding the new context rows `context` [T, n*H]."""
+    def draft(self, anchor: int, num_candidates: int, context: np.ndarray, top_k: int = 1) -> np.ndarray:
+        """Top-k candidate ids [N, k] after `anchor`, feeding the new context rows `context` [T, n*H]."""
         rows = context.shape[0]
-        block = num_candidates + 1
+        block = num_candidates + self.info.candidate_offset
         total = self.committed + rows + block
         ids = np.full((1, block), self.info.mask_token_id, np.int64)
         ids[0, 0] = anchor
@@ -198,11 +256,22 @@ class DraftModel:
             "position_ids": np.arange(self.committed, total, dtype=np.int64).reshape(1, -1),
             "attention_mask": np.ones((1, total), np.int64),
             "beam_idx": self._beam,
+            "top_k": np.array(top_k, np.int64),
         }, share_inputs=True, share_outputs=True)
         self.last_model_ms = (time.perf_counter() - t0) * 1e3
         self.committed += rows
-        return self.request.get_tensor("draft_token_ids").data.reshape(-1).copy()
+        return self.request.get_tensor("draft_topk_ids").data[0].copy()
 
-    def last_logits(self) -> np.ndarray:
-        """Full-vocabulary logits [N, V] of the last draft call (a view, valid until the next call)."""
-        return self.request.get_tensor("draft_logits").data[0]
+    def output(self, name: str) -> np.ndarray:
+        """An output of the last draft call without the batch axis (a view, valid until the next call):
+        draft_topk_logits [N, k], draft_logits [N, V], last_hidden_state [N, H], confidence [N]."""
+        return self.request.get_tensor(name).data[0]
+
+
+def draft_compile_properties(info: DraftInfo, device: str, properties: dict[str, str]) -> dict[str, str]:
+    """The draft's compile properties: DFlash v2 on GPU needs at least its ACTIVATIONS_SCALE_FACTOR."""
+    props = dict(properties)
+    if device.upper().startswith("GPU") and info.activations_scale_factor:
+        current = float(props.get("ACTIVATIONS_SCALE_FACTOR", 0) or 0)
+        props["ACTIVATIONS_SCALE_FACTOR"] = str(max(current, info.activations_scale_factor))
+    return props
