@@ -25,11 +25,14 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from engine.errors import ModelFolderError
 from engine.export.target import package_versions, swap_into_place
 from engine.paths import default_target_dir, models_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +269,7 @@ def _gguf_tokenizer_fields(gguf_path: Path) -> dict[str, Any]:
     }
 
 
-def build_tokenizer_from_gguf(gguf_path: Path):
+def build_tokenizer_from_gguf(gguf_path: Path) -> "PreTrainedTokenizerFast":
     """A PreTrainedTokenizerFast equal to SmolLM2's: byte-level BPE, digits split one by one
     (llama.cpp's `smollm` pre-tokenizer), no BOS added, the 17 control tokens special."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -305,7 +308,7 @@ def build_tokenizer_from_gguf(gguf_path: Path):
     return hf
 
 
-def check_tokenizer_against_gguf(tokenizer, gguf_path: Path) -> None:
+def check_tokenizer_against_gguf(tokenizer: "PreTrainedTokenizerFast", gguf_path: Path) -> None:
     """Compare ids with an independent BPE pass over the GGUF's merges and the pinned ids."""
     g = _gguf_tokenizer_fields(gguf_path)
     reference = _GgufBpe(g["tokens"], g["merges"], [g["tokens"][i] for i, t in enumerate(g["types"]) if int(t) == 3])
