@@ -8,6 +8,7 @@ generator. It runs no model and holds no model math.
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ SAMPLE_TEXT = (
     "agrees with, plus one token of its own. When the draft guesses well, each target step "
     "commits several tokens, so the answer arrives faster while staying exactly what the target "
     "would have written alone. The green runs in this reply are the tokens the target accepted "
-    "from the draft; the plain runs are tokens the target produced itself. "
+    "from the draft; the plain runs are tokens the target produced itself.\n\n"
 )
 
 
@@ -80,8 +81,11 @@ class FakePipeline:
         self.acceptance = acceptance
         self.fail_on_step = fail_on_step
         self.prefill_delay_s = prefill_delay_s
+        self._pace_t0: float | None = None
+        self._pace_n = 0
+        self._pace_last = 0.0
         self._rng = random.Random(seed)
-        self._words = [w + " " for w in text.split()]
+        self._words = re.findall(r"\S+\s*", text)  # words with the space or line break after them
         self._requests: dict[int, _Request] = {}
         self._next_id = 1
         self._lock = threading.Lock()
@@ -220,11 +224,19 @@ class FakePipeline:
         return ev
 
     def _pace(self, n_tokens: int) -> None:
-        delay = self.step_delay_s
+        """Sleep so that tokens come out at `tokens_per_second` on average (a deadline, not a
+        fixed sleep per step, so per-step overhead does not slow the stream down)."""
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
         if self.tokens_per_second > 0 and n_tokens:
-            delay = max(delay, n_tokens / self.tokens_per_second)
-        if delay > 0:
-            time.sleep(delay)
+            now = time.perf_counter()
+            if self._pace_t0 is None or now - self._pace_last > 0.5:  # a new stream: restart the clock
+                self._pace_t0, self._pace_n = now, 0
+            self._pace_n += n_tokens
+            wait = self._pace_t0 + self._pace_n / self.tokens_per_second - now
+            if wait > 0:
+                time.sleep(wait)
+            self._pace_last = time.perf_counter()
 
 
 def demo_devices():

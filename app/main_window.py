@@ -25,11 +25,15 @@ from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
 from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
+from app.qt_tracking import TrackedTimer
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
+MAX_TEXT_FLUSH_MS = 200
+TEXT_SHARE = 0.25  # inserting text may use at most ~this share of the GUI thread
 
 
 class Banner(QFrame):
@@ -142,6 +146,13 @@ class MainWindow(QMainWindow):
         self._closing = False
         self._closed = False
         self._prepare_dialog: PrepareDialog | None = None
+        # Streamed text waits here until the next flush; the flush interval adapts to how long
+        # inserting took (qtconsole's approach), so long replies never starve the event loop.
+        self._pending_text: dict[str, list[tuple[str, bool]]] = {}
+        self.text_interval_ms = TEXT_FLUSH_MS
+        self._text_timer = TrackedTimer(self)
+        self._text_timer.setSingleShot(True)
+        self._text_timer.timeout.connect(self._flush_text)
 
         self._build_central()
         self._build_docks(devices, draft_validator)
@@ -611,6 +622,7 @@ class MainWindow(QMainWindow):
         live = [t for t in self.streams if t not in self.stopped]
         if not live:
             return
+        self._flush_text()  # what arrived before the stop is shown; nothing after it
         for tag in live:
             self.stopped.add(tag)
             self.controller.cancel(tag)
@@ -629,17 +641,33 @@ class MainWindow(QMainWindow):
         if entry is None:
             return
         conv, msg = entry
-        new: list[tuple[str, bool]] = []
+        new = self._pending_text.setdefault(tag, [])
         for ev in events:
             for p in ev.pieces:
                 if p.text:
-                    msg.append_piece(p.text, p.from_draft)
+                    msg.append_piece(p.text, p.from_draft)  # the model is always up to date
                     new.append((p.text, p.from_draft))
-        if new:
-            self.chat.pieces_added(msg, new)
+        if new and not self._text_timer.isActive():
+            self._text_timer.start(self.text_interval_ms)
         self.plots.add_events(events)
 
+    def _flush_text(self) -> None:
+        """Show the text that arrived since the last flush (one edit block per message)."""
+        self._text_timer.stop()
+        if not self._pending_text:
+            return
+        pending, self._pending_text = self._pending_text, {}
+        t0 = time.perf_counter()
+        for tag, pieces in pending.items():
+            entry = self.streams.get(tag)
+            if entry is not None and pieces:
+                self.chat.pieces_added(entry[1], pieces)
+        cost_ms = (time.perf_counter() - t0) * 1000.0
+        self.text_interval_ms = int(min(MAX_TEXT_FLUSH_MS, max(TEXT_FLUSH_MS, cost_ms / TEXT_SHARE)))
+
     def _on_finished(self, tag: str, fin: FinishInfo) -> None:
+        if tag in self._pending_text:
+            self._flush_text()
         entry = self.streams.pop(tag, None)
         was_stopped = tag in self.stopped
         self.stopped.discard(tag)
@@ -658,6 +686,8 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def _on_failed(self, tag: str, err: ErrorInfo) -> None:
+        if tag in self._pending_text:
+            self._flush_text()
         entry = self.streams.pop(tag, None)
         self.stopped.discard(tag)
         if self._closing:
@@ -726,6 +756,8 @@ class MainWindow(QMainWindow):
                 msg.status = CANCELLED
                 msg.finish_reason = "cancelled"
         self.plots.stop()
+        self._text_timer.stop()
+        self._pending_text.clear()
         if self._prepare_dialog is not None:
             self._prepare_dialog.stop()
         self.hide()

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.qt_tracking import TrackedTimer
 
-REDRAW_MS = 40  # 25 Hz
+REDRAW_MS = 40  # 25 Hz while drawing is cheap
+MAX_REDRAW_MS = 100  # the slowest it gets when drawing is expensive (slow machine): still 10 Hz
+DRAW_SHARE = 0.2  # drawing may use at most ~this share of the GUI thread
 DRAFT_COLOR = "#2e9d4a"
 TARGET_COLOR = "#3b6fd8"
 MEAN_COLOR = "#d97706"
@@ -40,6 +44,17 @@ class GrowBuffer:
         self.n = 0
 
 
+class TimedPlotWidget(pg.PlotWidget):
+    """A PlotWidget that remembers how long its last paint took (to pace the redraw timer)."""
+
+    paint_ms = 0.0
+
+    def paintEvent(self, ev) -> None:  # noqa: N802
+        t0 = time.perf_counter()
+        super().paintEvent(ev)
+        self.paint_ms = (time.perf_counter() - t0) * 1000.0
+
+
 class LivePlots(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -53,6 +68,11 @@ class LivePlots(QWidget):
         self.hits = np.zeros(0, dtype=np.int64)  # ... and had it accepted (the engine's measure)
         self._dirty = False
         self.redraws = 0
+        self._ytop = -1.0
+        self._span = -1
+        self._xmax = -1.0  # shared x range of the two "per step" plots
+        self._ms_top = -1.0
+        self._hint = None
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 2, 4, 2)
@@ -66,12 +86,10 @@ class LivePlots(QWidget):
 
         self.p_tokens = self._plot(f"<span style='color:{TARGET_COLOR}'>Tokens per step</span> "
                                    f"(<span style='color:{MEAN_COLOR}'>mean of 16</span>)", "target step", "tokens")
-        self.c_tokens = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1),
-                                           symbol="o", symbolSize=4, symbolBrush=TARGET_COLOR,
-                                           symbolPen=None, name="this step")
-        self.c_mean = self.p_tokens.plot([], [], pen=pg.mkPen(MEAN_COLOR, width=2), name="mean of last 16")
+        self.c_tokens = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1), name="this step")
+        self.c_mean = self.p_tokens.plot([], [], pen=pg.mkPen(MEAN_COLOR, width=1), name="mean of last 16")
         self.p_tokens.setYRange(0, 4, padding=0.05)
-        self.p_tokens.enableAutoRange(axis="x")
+        self._ytop = 4.0
         row.addWidget(self.p_tokens, 1)
 
         self.p_accept = self._plot("Acceptance by block position", "position in block", "% accepted")
@@ -87,21 +105,24 @@ class LivePlots(QWidget):
 
         self.p_time = self._plot(f"ms per step: <span style='color:{DRAFT_COLOR}'>draft</span> vs "
                                  f"<span style='color:{TARGET_COLOR}'>target</span>", "target step", "ms")
-        self.c_draft = self.p_time.plot([], [], pen=pg.mkPen(DRAFT_COLOR, width=1.5), name="draft")
-        self.c_target = self.p_time.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1.5), name="target")
+        self.c_draft = self.p_time.plot([], [], pen=pg.mkPen(DRAFT_COLOR, width=1), name="draft")
+        self.c_target = self.p_time.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1), name="target")
+        for p in (self.p_tokens, self.p_accept, self.p_time):
+            p.disableAutoRange()  # ranges are set by hand, in steps, so axes are not re-laid out per frame
         row.addWidget(self.p_time, 1)
 
         self._timer = TrackedTimer(self)
         self._timer.setInterval(REDRAW_MS)
-        self._timer.timeout.connect(self._redraw)
+        self._timer.timeout.connect(self._tick)
         self._running = False
+        self._last_cost_ms = 0.0
 
     def _plot(self, title: str, xlabel: str, ylabel: str) -> pg.PlotWidget:
-        w = pg.PlotWidget(background="w")
+        w = TimedPlotWidget(background="w")
         w.setTitle(title, color="#111827", size="9pt")
         w.setLabel("bottom", xlabel)
         w.setLabel("left", ylabel)
-        w.showGrid(x=True, y=True, alpha=0.25)
+        w.showGrid(x=False, y=True, alpha=0.2)
         w.setMenuEnabled(False)
         w.setMouseEnabled(x=False, y=False)
         w.hideButtons()
@@ -112,11 +133,23 @@ class LivePlots(QWidget):
         return w
 
     # -- data (cheap; any rate) ------------------------------------------------------------------
+    @staticmethod
+    def _nice_ceiling(v: float) -> float:
+        """The next of 1, 2, 5 x 10^k at or above v (axis tops that change rarely)."""
+        if v <= 0:
+            return 1.0
+        k = 10.0 ** np.floor(np.log10(v))
+        for m in (1.0, 2.0, 5.0, 10.0):
+            if v <= m * k:
+                return m * k
+        return 10.0 * k
+
     def reset(self) -> None:
         for b in (self.steps, self.tokens, self.draft_ms, self.target_ms):
             b.clear()
         self.reached = np.zeros(0, dtype=np.int64)
         self.hits = np.zeros(0, dtype=np.int64)
+        self._xmax = self._ms_top = -1.0
         self._dirty = True
         self._redraw()
 
@@ -171,9 +204,25 @@ class LivePlots(QWidget):
             pct = np.where(self.reached > 0, 100.0 * self.hits / np.maximum(self.reached, 1), 0.0)
         return pct
 
-    def _redraw(self) -> None:
+    @property
+    def interval_ms(self) -> int:
+        return self._timer.interval()
+
+    def _tick(self) -> None:
+        """Redraw, then pace the timer so drawing (data + paint) stays a small share of the GUI."""
+        painted = sum(p.paint_ms for p in (self.p_tokens, self.p_accept, self.p_time))  # the last frame
+        t0 = time.perf_counter()
+        drew = self._redraw()
+        cost = painted + (time.perf_counter() - t0) * 1000.0
+        if drew:
+            self._last_cost_ms = cost
+            want = int(min(MAX_REDRAW_MS, max(REDRAW_MS, cost / DRAW_SHARE)))
+            if abs(want - self._timer.interval()) > 5:
+                self._timer.setInterval(want)
+
+    def _redraw(self) -> bool:
         if not self._dirty:
-            return
+            return False
         self._dirty = False
         self.redraws += 1
         x = self.steps.view()
@@ -186,23 +235,42 @@ class LivePlots(QWidget):
             mean = (c[1:] - c[lo]) / (np.arange(1, len(y) + 1) - lo)
             self.c_mean.setData(x, mean, skipFiniteCheck=True)
             top = max(4.0, float(y.max()) + 0.5)
-            self.p_tokens.setYRange(0, top, padding=0.05)
+            if top != self._ytop:  # ranges change rarely: re-laying out an axis is not free
+                self._ytop = top
+                self.p_tokens.setYRange(0, top, padding=0.05)
         else:
             self.c_mean.setData([], [])
         pct = self.acceptance_percent()
         positions = np.arange(1, len(pct) + 1)
         self.bars.setOpts(x=positions, height=pct, width=0.7)
         span = max(7, len(pct))
-        self.p_accept.setXRange(0.5, span + 0.5, padding=0)
+        if span != self._span:
+            self._span = span
+            self.p_accept.setXRange(0.5, span + 0.5, padding=0)
+            self.no_draft_text.setPos((span + 1) / 2.0, 50.0)
         if len(y) and not len(pct):
-            self.no_draft_text.setText("No draft: nothing to accept")
+            hint = "No draft: nothing to accept"
         elif len(pct) and not self.hits.any():
-            self.no_draft_text.setText("No draft token accepted yet (0% at every position)")
+            hint = "No draft token accepted yet (0% at every position)"
         else:
-            self.no_draft_text.setText("")
-        self.no_draft_text.setPos((span + 1) / 2.0, 50.0)
+            hint = ""
+        if hint != self._hint:
+            self._hint = hint
+            self.no_draft_text.setText(hint)
         self.c_draft.setData(x, self.draft_ms.view(), skipFiniteCheck=True)
         self.c_target.setData(x, self.target_ms.view(), skipFiniteCheck=True)
+        xmax = float(max(50, int(np.ceil(len(y) / 50.0)) * 50))
+        if xmax != self._xmax:
+            self._xmax = xmax
+            for p in (self.p_tokens, self.p_time):
+                p.setXRange(0, xmax, padding=0.02)
+        if len(y):
+            ms_top = self._nice_ceiling(float(max(self.draft_ms.view().max(), self.target_ms.view().max())))
+        else:
+            ms_top = 1.0
+        if ms_top != self._ms_top:
+            self._ms_top = ms_top
+            self.p_time.setYRange(0, ms_top, padding=0.02)
         if len(y):
             drafted = int(self.reached[0]) if len(self.reached) else 0
             self.summary.setText(
@@ -212,3 +280,4 @@ class LivePlots(QWidget):
             )
         else:
             self.summary.setText("No steps yet. Send a message to see the decoder at work.")
+        return True
