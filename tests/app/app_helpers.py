@@ -21,4 +21,10 @@ def fragments(view) -> list[tuple[str, bool]]:
 
 
 def marked_text(view) -> str:
+    """The marked text, line breaks left out (they become block boundaries in the document)."""
     return "".join(t for t, m in fragments(view) if m)
+
+
+def draft_text(pieces) -> str:
+    """What marked_text should show for a message's pieces."""
+    return "".join(t for t, d in pieces if d).replace("\n", "")

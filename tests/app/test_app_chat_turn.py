@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 
 from app.chat.model import DONE, ERROR
 from app.fake_engine import FakePipeline
-from app_helpers import fragments, marked_text
+from app_helpers import draft_text, fragments, marked_text
 
 
 def _send_with_enter(qtbot, w, text: str) -> None:
@@ -31,7 +31,7 @@ def test_chat_turn_streams_marks_stats_and_history(make_window, qtbot, app_home,
     # Marks: some runs are accepted draft text, some are the target's, and the view shows both.
     assert any(d for _t, d in reply.pieces) and any(not d for _t, d in reply.pieces)
     shown = marked_text(w.chat)
-    assert shown == "".join(t for t, d in reply.pieces if d)
+    assert shown == draft_text(reply.pieces)
     assert any(not m and t.strip() for t, m in fragments(w.chat))
     # Stats are kept with the message and shown under it.
     st = reply.stats
