@@ -224,67 +224,73 @@ class SpeculativePipeline:
             return [self._finish(req, StepEvent(req.id, req.steps, finished=True, finish_reason="cancelled"))]
         t0 = time.perf_counter()
         timings = StepTimings()
-        drafted: list[int] = []
-        logprobs: list[float] | None = None
-        confidence: list[float] | None = None
         if req.steps == 0:
-            out = self.target.infer(req.prompt_ids, logit_rows=1, want_logits=req.processor is not None)
-            timings.target_ms = (time.perf_counter() - t0) * 1e3
-            if req.processor is None:
-                tokens = [int(out.next_ids[-1])]
-            else:
-                p = req.processor.distribution(out.logits[-1])
-                tokens = [p.sample(req.rng.random()) if req.config.do_sample else p.argmax()]
-                logprobs = [_log(p.prob(tokens[0]))]
-            accepted = 0
-            req.context = out.hidden.copy() if out.hidden is not None else None
+            drafted, confidence = [], None
+            tokens, accepted, logprobs = self._prefill(req, timings)
         else:
-            remaining = req.config.max_new_tokens - len(req.generated)
-            n = min(req.num_candidates, remaining - 1)
-            proposals: list[Dist] = []
-            if n > 0:
-                sampling = (SamplingSpec(req.processor, req.draft_rng, req.config.temperature)
-                            if req.config.do_sample else None)
-                got = select_candidates(self.draft, req.anchor, n, req.context, req.top_k, sampling)
-                drafted, proposals, confidence = got.tokens, got.proposals, got.confidence
-                timings.draft_model_ms = self.draft.last_model_ms
-                timings.markov_head_ms = got.head_ms
-                t1 = time.perf_counter()
-                timings.draft_step_ms = (t1 - t0) * 1e3
-                timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - timings.markov_head_ms
-            else:
-                t1 = t0
-            rows_needed = n + 1 if n > 0 else 1
-            out = self.target.infer([req.anchor] + drafted, logit_rows=rows_needed,
-                                    want_logits=req.processor is not None)
-            timings.target_ms = (time.perf_counter() - t1) * 1e3
-            if req.processor is None:
-                post = out.next_ids
-                accepted = 0
-                while accepted < len(drafted) and drafted[accepted] == post[accepted]:
-                    accepted += 1
-                tokens = drafted[:accepted] + [int(post[accepted])]
-            else:
-                rows, cache = out.logits, {}
-
-                def p_row(k: int) -> Dist:
-                    if k not in cache:
-                        cache[k] = req.processor.distribution(rows[k], drafted[:k])
-                    return cache[k]
-
-                if req.config.do_sample:
-                    accepted, last = verify(p_row, drafted, proposals, req.rng, self.target.vocab_size)
-                else:
-                    accepted, last = verify_greedy(p_row, drafted)
-                tokens = drafted[:accepted] + [last]
-                logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
-            self.target.trim(self.target.length - (len(drafted) - accepted))
-            if out.hidden is not None:
-                req.context = out.hidden[: accepted + 1].copy()
+            drafted, tokens, accepted, logprobs, confidence = self._verify_step(req, timings)
         event = self._commit(req, drafted, tokens, accepted, timings, logprobs)
         event.confidence = confidence
         event.timings.total_ms = (time.perf_counter() - t0) * 1e3
         return [self._finish(req, event) if event.finished else self._record(req, event)]
+
+    def _prefill(self, req: _Request, timings: StepTimings) -> tuple[list[int], int, list[float] | None]:
+        """Run the prompt; its last row gives the first token, its hidden rows the draft's first context."""
+        t0 = time.perf_counter()
+        out = self.target.infer(req.prompt_ids, logit_rows=1, want_logits=req.processor is not None)
+        timings.target_ms = (time.perf_counter() - t0) * 1e3
+        req.context = out.hidden.copy() if out.hidden is not None else None
+        if req.processor is None:
+            return [int(out.next_ids[-1])], 0, None
+        p = req.processor.distribution(out.logits[-1])
+        token = p.sample(req.rng.random()) if req.config.do_sample else p.argmax()
+        return [token], 0, [_log(p.prob(token))]
+
+    def _verify_step(self, req: _Request, timings: StepTimings):
+        """Draft up to N candidates, verify [anchor, candidates] in one target inference, roll back the rest."""
+        t0 = time.perf_counter()
+        n = min(req.num_candidates, req.config.max_new_tokens - len(req.generated) - 1)
+        drafted: list[int] = []
+        proposals: list[Dist] = []
+        confidence = None
+        if n > 0:
+            sampling = (SamplingSpec(req.processor, req.draft_rng, req.config.temperature)
+                        if req.config.do_sample else None)
+            got = select_candidates(self.draft, req.anchor, n, req.context, req.top_k, sampling)
+            drafted, proposals, confidence = got.tokens, got.proposals, got.confidence
+            timings.draft_model_ms = self.draft.last_model_ms
+            timings.markov_head_ms = got.head_ms
+            timings.draft_step_ms = (time.perf_counter() - t0) * 1e3
+            timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - timings.markov_head_ms
+        t1 = time.perf_counter()
+        out = self.target.infer([req.anchor] + drafted, logit_rows=len(drafted) + 1,
+                                want_logits=req.processor is not None)
+        timings.target_ms = (time.perf_counter() - t1) * 1e3
+        logprobs = None
+        if req.processor is None:
+            post = out.next_ids
+            accepted = 0
+            while accepted < len(drafted) and drafted[accepted] == post[accepted]:
+                accepted += 1
+            tokens = drafted[:accepted] + [int(post[accepted])]
+        else:
+            rows, cache = out.logits, {}
+
+            def p_row(k: int) -> Dist:
+                if k not in cache:
+                    cache[k] = req.processor.distribution(rows[k], drafted[:k])
+                return cache[k]
+
+            if req.config.do_sample:
+                accepted, last = verify(p_row, drafted, proposals, req.rng, self.target.vocab_size)
+            else:
+                accepted, last = verify_greedy(p_row, drafted)
+            tokens = drafted[:accepted] + [last]
+            logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
+        self.target.trim(self.target.length - (len(drafted) - accepted))
+        if out.hidden is not None:
+            req.context = out.hidden[: accepted + 1].copy()
+        return drafted, tokens, accepted, logprobs, confidence
 
     def _commit(self, req: _Request, drafted: list[int], tokens: list[int], accepted: int,
                 timings: StepTimings, logprobs: list[float] | None = None) -> StepEvent:
