@@ -38,7 +38,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="use the built-in fake engine (no model; for trying the interface)")
     p.add_argument("--demo-devices", action="store_true",
                    help="list a demo CPU, Arc GPU and NPU instead of this machine's devices")
-    return p.parse_args(argv)
+    args, qt_args = p.parse_known_args(argv)
+    args.qt_args = qt_args  # anything else (-style, -platform ...) is Qt's
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from app import settings as S
 
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
-    qapp = QApplication.instance() or QApplication(["dflash-studio"])
+    qapp = QApplication.instance() or QApplication(["dflash-studio", *args.qt_args])
     qapp.setOrganizationName(S.ORG_NAME)
     qapp.setApplicationName(S.APP_NAME)
     qapp.setApplicationDisplayName("DFlash Studio")

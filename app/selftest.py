@@ -1,10 +1,11 @@
 """`--self-test`: prove an installed (or source) DFlash Studio works, without a display or torch.
 
 What it does, in order, each step timed and recorded:
-  1. imports the engine, OpenVINO, openvino_genai and openvino_tokenizers; lists OpenVINO devices
-     (this loads the CPU plugin from the bundle) and Qt's platform plugins;
-  2. starts Qt offscreen (unless --platform names another one), opens the main window
-     (app.main_window.MainWindow) and waits until it is shown;
+  1. starts Qt offscreen (unless --platform names another one), opens the main window
+     (app.main_window.MainWindow) and waits until it is shown (`window_shown_s`: seconds since the
+     process started; lists Qt's platform plugins);
+  2. imports the engine, OpenVINO, openvino_genai and openvino_tokenizers and lists OpenVINO
+     devices (this loads the CPU plugin from the bundle);
   3. loads a tiny target + tiny DFlash draft (IR folders built at bundle-build time from the test
      fixtures; no torch involved) through engine.pipeline.SpeculativePipeline and generates a few
      greedy tokens with the draft, and the same tokens without it (they must be identical:
@@ -251,8 +252,8 @@ class SelfTest:
 
     def run(self) -> int:
         try:
+            self.step("window_shown", self.window_shown)  # first, as in the app: window, then the engine
             self.step("imports", self.imports)
-            self.step("window_shown", self.window_shown)
             self.step("pipeline", self.pipeline)
             self.step("window_chat", self.window_chat)
             self.step("close", self.close)

@@ -22,6 +22,13 @@ def test_no_display_says_how_to_get_one_and_fails():
     assert "needs a display" in r.stderr and "xvfb-run -a python -m app" in r.stderr
 
 
+def test_unknown_arguments_are_left_to_qt():
+    from app.__main__ import parse_args
+
+    a = parse_args(["--target", "/m/t", "-style", "fusion"])
+    assert a.target == "/m/t" and a.qt_args == ["-style", "fusion"] and not a.demo_engine
+
+
 def test_has_display_rules():
     assert not has_display({}, "linux")
     assert has_display({"DISPLAY": ":0"}, "linux")
