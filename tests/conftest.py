@@ -48,3 +48,24 @@ def tiny_llama_target(tiny_llama_hf: Path) -> Path:
     from engine.export.target import export_target
 
     return export_target(tiny_llama_hf, tiny_llama_hf.parent / "ov", weight_format="fp32")
+
+
+# ---- DFlash v1 drafts for the tiny targets (tests/fixtures/tiny_drafts.py) -------------------
+# name -> IR folder: "b4_random", "b8_random", "b16_random" (taps [1,2] / [0,1,2] / [1,2]) and
+# "b8_trained" (self-distilled on the target's greedy text of tiny_drafts.TRAIN_PROMPTS: accepted
+# often on those prompts, like a random draft elsewhere). Checkpoints sit next to each IR as
+# "<name>-ckpt".
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_drafts(tiny_qwen3_hf: Path) -> dict[str, Path]:
+    from fixtures import tiny_drafts
+
+    return tiny_drafts.build_drafts(tiny_qwen3_hf, tiny_qwen3_hf.parent / "drafts")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_drafts(tiny_llama_hf: Path) -> dict[str, Path]:
+    from fixtures import tiny_drafts
+
+    return tiny_drafts.build_drafts(tiny_llama_hf, tiny_llama_hf.parent / "drafts")
