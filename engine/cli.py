@@ -141,9 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__)
     sub = p.add_subparsers(dest="command")
 
-    g = sub.add_parser("gui", help="open the desktop app (the default)")
-    g.add_argument("qt_args", nargs="*", help=argparse.SUPPRESS)
-    g.set_defaults(func=cmd_gui)
+    sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
 
     def model_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
@@ -203,9 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] == "gui" or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        # The app parses its own options (--target, --draft, --device, ...) and leaves the rest to Qt.
+        return cmd_gui(argparse.Namespace(qt_args=argv[1:] if argv and argv[0] == "gui" else argv))
     args = build_parser().parse_args(argv)
-    if args.command is None:
-        args = build_parser().parse_args(["gui", *(argv or [])])
     if getattr(args, "weight_format", "x") is None:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:
