@@ -35,10 +35,14 @@ DRAFT_XML = "openvino_model.xml"
 WEIGHT_FORMATS = ("fp32", "fp16", "int8")
 VARIANT_DFLASH_V1 = "dflash_v1"
 
-# architectures[0] -> variant name for drafts we recognise but cannot export yet.
-_UNSUPPORTED_VARIANTS = {
-    "Qwen3DSparkModel": "DSpark (DeepSpec)",
-    "DFlash2DraftModel": "DFlash-2",
+VARIANT_DSPARK = "dspark"
+VARIANT_DFLASH_V2 = "dflash_v2"
+
+# architectures[0] -> variant for the DFlash-family drafts exported by their own modules
+# (engine/export/dspark.py, engine/export/dflash2.py; folder contract in docs/draft-contract.md).
+_OTHER_VARIANTS = {
+    "Qwen3DSparkModel": VARIANT_DSPARK,
+    "DFlash2DraftModel": VARIANT_DFLASH_V2,
 }
 
 
@@ -56,16 +60,13 @@ def state_name(layer: int, kind: str) -> str:
 
 
 def detect_variant(config: dict[str, Any]) -> str:
-    """Name the draft variant from config.json; raise a clear error for ones we do not export yet."""
+    """Name the draft variant from config.json's architectures."""
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
     if arch == DFLASH_V1_ARCH:
         return VARIANT_DFLASH_V1
-    if arch in _UNSUPPORTED_VARIANTS:
-        raise ModelFolderError(
-            f"{_UNSUPPORTED_VARIANTS[arch]} drafts (architectures ['{arch}']) are not supported yet; "
-            f"only DFlash v1 (['{DFLASH_V1_ARCH}']) can be exported for now"
-        )
+    if arch in _OTHER_VARIANTS:
+        return _OTHER_VARIANTS[arch]
     raise ModelFolderError(f"not a DFlash draft checkpoint: architectures={archs!r}")
 
 
@@ -200,6 +201,14 @@ def export_draft(input_dir: Path, output_dir: Path, weight_format: str = "fp32")
         raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     config = read_config(input_dir)
     variant = detect_variant(config)
+    if variant == VARIANT_DSPARK:
+        from engine.export.dspark import export_dspark_draft
+
+        return export_dspark_draft(input_dir, output_dir, weight_format)
+    if variant == VARIANT_DFLASH_V2:
+        from engine.export.dflash2 import export_dflash2_draft
+
+        return export_dflash2_draft(input_dir, output_dir, weight_format)
     model, config = load_checkpoint(input_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
