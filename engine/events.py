@@ -43,6 +43,7 @@ class StepEvent:
     timings: StepTimings = field(default_factory=StepTimings)
     confidence: list[float] | None = None  # per drafted position, drafts with a confidence head
     logprobs: list[float] | None = None  # target log-probability of each committed token (logits requests)
+    produced: int = 0  # tokens the step produced before stop rules cut them (an EOS counts)
 
     @property
     def text(self) -> str:

@@ -18,6 +18,7 @@ class RequestMetrics:
     decode_ms: float = 0.0  # from the first token to the last
     target_steps: int = 0  # verification/decode steps after the prefill
     decode_tokens: int = 0  # tokens those steps committed
+    decode_produced: int = 0  # tokens those steps produced, a final EOS included (tokens per step)
     drafted_total: int = 0
     accepted_total: int = 0
     position_drafted: list[int] = field(default_factory=list)
@@ -31,10 +32,11 @@ class RequestMetrics:
     def record(self, event: StepEvent) -> None:
         self.generated_tokens += len(event.tokens)
         t = event.timings
-        if event.step == 0:
-            return
+        if event.step == 0 or (event.finish_reason == "cancelled" and not event.produced):
+            return  # the prefill, or a cancellation that ran no target inference
         self.target_steps += 1
         self.decode_tokens += len(event.tokens)
+        self.decode_produced += event.produced
         self.drafted_total += len(event.drafted)
         self.accepted_total += event.accepted
         for i in range(len(event.drafted)):
@@ -61,7 +63,7 @@ class RequestMetrics:
     @property
     def tokens_per_step(self) -> float:
         """Tokens committed per target step (accepted drafts + the target's own token)."""
-        return self.decode_tokens / self.target_steps if self.target_steps else 0.0
+        return self.decode_produced / self.target_steps if self.target_steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -297,6 +297,7 @@ class SpeculativePipeline:
         """Apply stop rules to the step's tokens, decode them and build the event."""
         cfg = req.config
         reason = None
+        produced = len(tokens)
         stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else self.tokenizer.eos_token_ids)
         for i, tok in enumerate(tokens):
             if tok in stops:
@@ -329,7 +330,7 @@ class SpeculativePipeline:
         else:
             req.metrics.decode_ms = (now - req.t_first) * 1e3
         event = StepEvent(req.id, req.steps, drafted, accepted, tokens, pieces, reason is not None, reason, timings,
-                          logprobs=logprobs)
+                          logprobs=logprobs, produced=produced)
         req.steps += 1
         return event
 

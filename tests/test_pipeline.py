@@ -139,6 +139,7 @@ def test_stop_string_and_eos_and_cancel(tiny_qwen3_target, tiny_qwen3_drafts, qw
     res = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=48), chat=False,
                         on_event=lambda e: seen.append(e) or len(seen) == 2)
     assert res.finish_reason == "cancelled" and len(seen) == 3
+    assert res.metrics.target_steps == 1  # the prefill is not a step; the cancellation ran none
     again = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=48, ignore_eos=True), chat=False)
     assert again.text == full
 
@@ -148,6 +149,8 @@ def test_eos_ends_generation_without_emitting_it(tiny_qwen3_target, qwen_alone) 
     stop_at = ids[5]
     out = qwen_alone.generate(PROMPTS[2], GenerationConfig(max_new_tokens=30, stop_token_ids={stop_at}), chat=False)
     assert out.finish_reason == "eos" and out.token_ids == ids[: ids.index(stop_at)]
+    assert out.metrics.tokens_per_step == 1.0  # the step that produced the stop token counts it
+    assert out.metrics.target_steps == len(out.token_ids)  # prefill excluded, the stop step included
 
 
 def test_chat_messages_use_the_template(qwen_alone) -> None:
