@@ -8,8 +8,8 @@ What it does, in order, each step timed and recorded:
      devices (this loads the CPU plugin from the bundle);
   3. loads a tiny target + tiny DFlash draft (IR folders built at bundle-build time from the test
      fixtures; no torch involved) through engine.pipeline.SpeculativePipeline and generates a few
-     greedy tokens with the draft, and the same tokens without it (they must be identical:
-     speculative decoding is exact at f32);
+     greedy tokens with the draft (a trained draft must get tokens accepted), and the same tokens
+     without it (they must be identical: speculative decoding is exact at f32);
   4. runs one chat turn through the window itself (its worker thread, the same path a person uses);
   5. prints one JSON object on stdout and exits 0; on any failure the JSON says which step failed
      and why, and the exit code is 1.
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 T_IMPORT = time.perf_counter()
-PROMPT = "def parse(text):\n    "
+PROMPT = "def parse(text):\n    "  # one of the tiny trained draft's training prompts (tests/fixtures/tiny_drafts.py)
 CHAT_PROMPT = "Write a loop over a list."
 TARGET_NAME = "tiny-qwen3-ov"
-DRAFT_NAME = "tiny-draft-b4"
+DRAFT_NAME = "tiny-draft"
 
 
 def process_age_s() -> float | None:
@@ -175,6 +175,12 @@ class SelfTest:
         return {"platform": QGuiApplication.platformName(), "platform_plugins": plugins,
                 "icon": not w.windowIcon().isNull(), "title": w.windowTitle()}
 
+    def testdata_info(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.models / "testdata.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
     def paths(self) -> tuple[Path, Path]:
         target, draft = self.models / TARGET_NAME, self.models / DRAFT_NAME
         for p in (target, draft):
@@ -199,12 +205,16 @@ class SelfTest:
             raise SelfTestError(f"the draft was not used (metrics say draft {m.draft_name!r})")
         if m.drafted_total <= 0:
             raise SelfTestError("the draft proposed no tokens")
+        trained = self.testdata_info().get("draft_trained", False)
+        if trained and m.accepted_total <= 0:
+            raise SelfTestError("the trained tiny draft had no token accepted on its own training prompt: "
+                                "the draft IR does not compute what it should in this build")
         alone = SpeculativePipeline.load(target, None, device="CPU", precision="f32").generate(PROMPT, cfg, chat=False)
         if alone.token_ids != res.token_ids:
             raise SelfTestError(f"draft and target-alone outputs differ: {res.token_ids} vs {alone.token_ids}")
         return {"target": target.name, "draft": m.draft_name, "device": pipe.device, "load_s": round(load_s, 3),
                 "tokens": len(res.token_ids), "token_ids": res.token_ids, "text": res.text,
-                "finish_reason": res.finish_reason, "target_steps": m.target_steps,
+                "finish_reason": res.finish_reason, "target_steps": m.target_steps, "draft_trained": trained,
                 "drafted": m.drafted_total, "accepted": m.accepted_total,
                 "tokens_per_step": round(m.tokens_per_step, 3), "ttft_ms": round(m.ttft_ms, 2),
                 "decode_tok_s": round(m.decode_tok_s, 1), "same_as_target_alone": True}
@@ -270,7 +280,7 @@ class SelfTest:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dflash-studio --self-test", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", type=Path, default=None, help="folder with tiny-qwen3-ov/ and tiny-draft-b4/")
+    p.add_argument("--models", type=Path, default=None, help="folder with tiny-qwen3-ov/ and tiny-draft/")
     p.add_argument("--max-new-tokens", type=int, default=12)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for any one step")
     p.add_argument("--platform", default="offscreen",
