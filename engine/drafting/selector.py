@@ -63,7 +63,7 @@ def select_candidates(model: DraftModel, anchor: int, n: int, context: np.ndarra
         out = _topk_walk(model, anchor, n, context, top_k, sampling)
     else:
         out = _dense_walk(model, anchor, n, context, sampling)
-    if info.has_confidence:
+    if info.confidence_source == "backbone":
         out.confidence = [float(c) for c in model.output("confidence")[:n]]
     return out
 
@@ -82,8 +82,14 @@ def _topk_walk(model: DraftModel, anchor: int, n: int, context: np.ndarray, k: i
                        share_inputs=True, share_outputs=True)
     edges = unary[:, None, :] + model.scorer.get_tensor("edge_bias").data  # [n, K, K]
     out = Drafted([], head_ms=(time.perf_counter() - t0) * 1e3)
+    head_confidence = (model.scorer.get_tensor("confidence").data
+                       if model.info.confidence_source == "markov_head" else None)  # [n, K]
+    if head_confidence is not None:
+        out.confidence = []
     prev = 0  # row 0: every predecessor is the anchor
     for p in range(n):
+        if head_confidence is not None:
+            out.confidence.append(float(head_confidence[p, prev]))
         row = edges[p, prev]
         if sampling is None:
             j = int(np.argmax(row))
@@ -101,7 +107,7 @@ def _dense_walk(model: DraftModel, anchor: int, n: int, context: np.ndarray,
     model.draft(anchor, n, context, top_k=1)
     rows = model.output("draft_logits")  # [n, V]
     hidden = model.output("last_hidden_state")
-    out = Drafted([])
+    out = Drafted([], confidence=[] if model.info.confidence_source == "markov_head" else None)
     prev = anchor
     for p in range(n):
         t0 = time.perf_counter()
@@ -110,6 +116,8 @@ def _dense_walk(model: DraftModel, anchor: int, n: int, context: np.ndarray,
                                share_inputs=True, share_outputs=True)
         logits = rows[p] + model.dense_head.get_tensor("bias").data[0]
         out.head_ms += (time.perf_counter() - t0) * 1e3
+        if out.confidence is not None:
+            out.confidence.append(float(model.dense_head.get_tensor("confidence").data[0]))
         if sampling is None:
             prev = int(np.argmax(logits))
         else:

@@ -46,7 +46,7 @@ class DraftInfo:
     output_multiplier: float = 1.0
     final_logit_softcapping: float = 0.0
     activations_scale_factor: float | None = None  # GPU compile floor (DFlash v2)
-    has_confidence: bool = False
+    confidence_source: str = "none"  # none | backbone | markov_head (DSpark confidence_head_with_markov)
 
     @property
     def name(self) -> str:
@@ -60,6 +60,11 @@ class DraftInfo:
     @property
     def has_head(self) -> bool:
         return self.head_type != "none"
+
+    @property
+    def has_confidence(self) -> bool:
+        """Whether drafted positions come with a confidence (DSpark confidence head)."""
+        return self.confidence_source != "none"
 
 
 def _rt(model: ov.Model, *path: str) -> str | None:
@@ -120,7 +125,8 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         output_multiplier=num("output_multiplier", 1.0),
         final_logit_softcapping=num("final_logit_softcapping", 0.0),
         activations_scale_factor=float(asf) if asf else None,
-        has_confidence=(_rt(model, "dflash", "confidence_head") or "").lower() == "true",
+        confidence_source={"true": "backbone", "markov_head": "markov_head"}.get(
+            (_rt(model, "dflash", "confidence_head") or "").lower(), "none"),
     )
     if info.has_head and not (folder / SCORER_FILE).is_file():
         raise ModelFolderError(f"Draft {folder} declares a {info.head_type} Markov head but {SCORER_FILE} is "
@@ -264,7 +270,8 @@ class DraftModel:
 
     def output(self, name: str) -> np.ndarray:
         """An output of the last draft call without the batch axis (a view, valid until the next call):
-        draft_topk_logits [N, k], draft_logits [N, V], last_hidden_state [N, H], confidence [N]."""
+        draft_topk_logits [N, k], draft_logits [N, V], last_hidden_state [N, H], confidence [N]
+        (a backbone confidence head)."""
         return self.request.get_tensor(name).data[0]
 
 
