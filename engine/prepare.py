@@ -100,6 +100,7 @@ def prepare_default(
     _clean_stale_staging(target.parent)
 
     if not force and is_prepared(target) and _read_marker(target).get("weight_format") == weight_format:
+        prepare_drafts(target, force=False, progress=say)
         say(f"Already prepared: {target}", 1.0)
         return target
 
@@ -135,8 +136,60 @@ def prepare_default(
 
     write_marker(target, extra={"weight_format": weight_format, "source": _source_info(gguf_path),
                                 "sanity_answer": answer, "seconds": round(time.perf_counter() - started, 1)})
+    prepare_drafts(target, force=force, progress=say)
     say(f"Prepared {target}", 1.0)
     return target
+
+
+# ----------------------------------------------------------------------------- shipped drafts
+
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
+DRAFT_WEIGHT_FORMAT = "fp16"
+
+
+def shipped_drafts() -> list[Path]:
+    """Draft checkpoints shipped in resources/drafts (config.json + model.safetensors each)."""
+    if not SHIPPED_DRAFTS.is_dir():
+        return []
+    return sorted(p for p in SHIPPED_DRAFTS.iterdir() if (p / "config.json").is_file())
+
+
+def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None) -> list[Path]:
+    """Export every shipped draft for the prepared target into default_drafts_dir(); mark the best.
+
+    A draft folder is reused while its marker is valid and names the same source checkpoint; the
+    default draft (`best.txt`) is the one resources/drafts/DEFAULT names, else the first shipped.
+    Each export is checked against the target (check_draft_fits) before it is marked.
+    """
+    from engine.export.draft import export_draft
+    from engine.models.draft import check_draft_fits
+    from engine.paths import default_drafts_dir
+
+    say = progress or (lambda _m, _f: None)
+    out: list[Path] = []
+    for src in shipped_drafts():
+        dest = default_drafts_dir() / src.name
+        source = _sha256(src / "model.safetensors")
+        if not force and is_prepared(dest) and _read_marker(dest).get("source_sha256") == source:
+            out.append(dest)
+            continue
+        say(f"Exporting the shipped draft {src.name}", 0.95)
+        (dest / MARKER).unlink(missing_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        export_draft(src, dest, weight_format=DRAFT_WEIGHT_FORMAT)
+        reasons = check_draft_fits(target, dest)
+        if reasons:
+            shutil.rmtree(dest)
+            raise ModelFolderError(f"The shipped draft {src.name} does not fit the prepared target: {'; '.join(reasons)}")
+        write_marker(dest, extra={"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT})
+        out.append(dest)
+    if out:
+        wanted = (SHIPPED_DRAFTS / "DEFAULT").read_text().strip() if (SHIPPED_DRAFTS / "DEFAULT").is_file() else ""
+        best = next((d for d in out if d.name == wanted), out[0])
+        (default_drafts_dir() / "best.txt").write_text(best.name + "\n", encoding="utf-8")
+    return out
+
 
 
 # ----------------------------------------------------------------------------- source GGUF
