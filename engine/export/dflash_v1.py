@@ -270,8 +270,8 @@ class DFlashV1Draft(nn.Module):
         self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(h, c.rms_norm_eps)
+        # default/linear/llama3 RoPE only: none of them scales cos/sin (yarn would).
         self.register_buffer("inv_freq", _inv_freq(c.head_dim, c.rope), persistent=False)
-        self.rope_scale = 1.0  # default/linear/llama3 have no attention scaling
         self.reset_parameters()
 
     @torch.no_grad()
@@ -365,7 +365,7 @@ class DFlashV1Draft(nn.Module):
         """cos/sin [B,1,S,d] at absolute positions (head axis broadcast)."""
         freqs = pos.to(torch.float32)[..., None] * self.inv_freq  # [B,S,d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale).to(dtype)[:, None], (emb.sin() * self.rope_scale).to(dtype)[:, None]
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
