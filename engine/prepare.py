@@ -144,7 +144,7 @@ def prepare_default(
 # ----------------------------------------------------------------------------- shipped drafts
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
-DRAFT_WEIGHT_FORMAT = "fp16"
+DRAFT_WEIGHT_FORMAT = "int8"  # a draft call reads ~9 MB instead of ~18 MB: 6.6 vs 9.5 ms measured side by side
 
 
 def shipped_drafts() -> list[Path]:
@@ -170,7 +170,9 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
     for src in shipped_drafts():
         dest = default_drafts_dir() / src.name
         source = _sha256(src / "model.safetensors")
-        if not force and is_prepared(dest) and _read_marker(dest).get("source_sha256") == source:
+        marker = _read_marker(dest) if is_prepared(dest) else {}
+        if (not force and marker.get("source_sha256") == source
+                and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT):
             out.append(dest)
             continue
         say(f"Exporting the shipped draft {src.name}", 0.95)
