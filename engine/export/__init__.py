@@ -1,0 +1,1 @@
+"""Torch-side tools: draft modules and export to OpenVINO (needs the `export` extra)."""

@@ -1,0 +1,1 @@
+"""Training drafts for a target from self-distilled data (torch; the `export` extra)."""
