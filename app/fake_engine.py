@@ -29,6 +29,23 @@ SAMPLE_TEXT = (
 
 
 @dataclass
+class FakeDraftInfo:
+    """What the app and the bench read from a real draft (`pipe.draft.info`)."""
+
+    name: str
+    variant: str = "dflash_v1"
+    has_head: bool = False
+    default_top_k: int = 0
+    max_candidates: int = 7
+    has_confidence: bool = False
+
+
+@dataclass
+class FakeDraft:
+    info: FakeDraftInfo
+
+
+@dataclass
 class FakeMetrics:
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
@@ -39,6 +56,19 @@ class FakeMetrics:
     acceptance_by_position: list[float] = field(default_factory=list)
     draft_name: str | None = None
     device: str = "CPU"
+    drafted_total: int = 0
+    accepted_total: int = 0
+    draft_step_ms: float = 0.0  # sums over the steps (the engine keeps lists; the bench sums either)
+    draft_model_ms: float = 0.0
+    target_ms: float = 0.0
+
+
+@dataclass
+class FakeResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: FakeMetrics
 
 
 @dataclass
@@ -57,6 +87,9 @@ class _Request:
     accepted_total: int = 0
     reached: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    finish_reason: str = ""
 
 
 class FakePipeline:
@@ -71,9 +104,14 @@ class FakePipeline:
     def __init__(self, target_dir=None, draft_dir=None, device="CPU", *, tokens_per_second: float = 0.0,
                  step_delay_s: float = 0.0, acceptance: float = 0.7, seed: int = 0,
                  text: str = SAMPLE_TEXT, has_chat_template: bool = True,
-                 fail_on_step: int | None = None, prefill_delay_s: float = 0.0) -> None:
+                 fail_on_step: int | None = None, prefill_delay_s: float = 0.0,
+                 draft_variant: str = "dflash_v1", draft_head_top_k: int = 0, confidence: bool = False) -> None:
         self.target_name = Path(target_dir).name if target_dir else "fake-target"
         self.draft_name = Path(draft_dir).name if draft_dir else None
+        # A draft "with a Markov head" when draft_head_top_k > 0 (its default K), as DSpark / DFlash v2 say.
+        self.draft = (FakeDraft(FakeDraftInfo(self.draft_name, draft_variant, draft_head_top_k > 0, draft_head_top_k,
+                                              self.block_size - 1, confidence))
+                      if self.draft_name is not None else None)
         self.device = device
         self.has_chat_template = has_chat_template
         self.tokens_per_second = tokens_per_second
@@ -101,9 +139,29 @@ class FakePipeline:
         return cls(target_dir, draft_dir, device, **kw)
 
     # -- the SpeculativePipeline contract --------------------------------------------------------
+    def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
+        """Word positions stand in for token ids (the fake's tokens are words of its text)."""
+        if isinstance(prompt, str):
+            return list(range(max(1, len(prompt.split()))))
+        return [int(t) if not isinstance(t, dict) else 0 for t in prompt]
+
+    def _check_draft_settings(self, config: GenerationConfig) -> None:
+        """The engine's per-draft refusals, worded like it (ValueError naming the field)."""
+        if self.draft is None:
+            return
+        info = self.draft.info
+        n = config.num_assistant_tokens or info.max_candidates
+        if n > info.max_candidates:
+            raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
+                             f"1..{info.max_candidates} (its block size is {self.block_size}).")
+        if info.has_head and config.markov_head_top_k == 0 and info.variant == "dflash_v2":
+            raise ValueError("markov_head_top_k=0 asks for the dense Markov walk, which only DSpark heads have: "
+                             "DFlash v2's selector scores Top-K candidates; use markov_head_top_k >= 1.")
+
     def add_request(self, prompt, config: GenerationConfig, chat: bool | None = None) -> int:
         self.thread_ids.add(threading.get_ident())
         config.validate()
+        self._check_draft_settings(config)
         self.prompts.append(prompt)
         self.configs.append(config)
         rid = self._next_id
@@ -134,6 +192,7 @@ class FakePipeline:
                 continue
             if r.cancelled:
                 r.finished = True
+                r.finish_reason = "cancelled"
                 out.append(StepEvent(r.rid, r.step, finished=True, finish_reason="cancelled"))
                 continue
             if r.step == 0 and self.prefill_delay_s > 0:
@@ -144,16 +203,20 @@ class FakePipeline:
         self._pace(n_committed)
         return out
 
-    def generate(self, prompt, config, on_event=None):
-        rid = self.add_request(prompt, config)
-        text = []
-        while self.has_unfinished():
+    def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> FakeResult:
+        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
+        rid = self.add_request(prompt, config, chat)
+        text: list[str] = []
+        tokens: list[int] = []
+        r = self._requests[rid]
+        while not r.finished:
             for ev in self.step():
                 if ev.request_id == rid:
                     text.append(ev.text)
-                    if on_event:
-                        on_event(ev)
-        return "".join(text)
+                    tokens.extend(ev.tokens)
+                    if on_event is not None and on_event(ev):
+                        self.cancel(rid)
+        return FakeResult("".join(text), tokens, r.finish_reason, self.metrics(rid))
 
     def metrics(self, request_id: int) -> FakeMetrics:
         r = self._requests[request_id]
@@ -170,6 +233,11 @@ class FakePipeline:
             acceptance_by_position=[h / c if c else 0.0 for h, c in zip(r.hits, r.reached)],
             draft_name=self.draft_name,
             device=self.device,
+            drafted_total=r.drafted_total,
+            accepted_total=r.accepted_total,
+            draft_step_ms=r.draft_ms,
+            draft_model_ms=r.draft_ms * 0.8,
+            target_ms=r.target_ms,
         )
 
     # -- internals -------------------------------------------------------------------------------
@@ -211,14 +279,23 @@ class FakePipeline:
             r.last_token_at = now
         done = r.produced >= len(r.words)
         r.finished = done
+        if done:
+            r.finish_reason = "length"
         jitter = self._rng.uniform(0.9, 1.1)
-        draft_ms = 0.0 if r.step == 0 else (0.2 + 0.05 * len(drafted)) * jitter
+        draft_ms = 0.0 if (r.step == 0 or not drafted) else (0.2 + 0.05 * len(drafted)) * jitter
         target_ms = (1.0 + 0.1 * len(tokens)) * self._rng.uniform(0.9, 1.1)
+        if r.step:
+            r.draft_ms += draft_ms
+            r.target_ms += target_ms
+        confidence = None
+        if drafted and self.draft is not None and self.draft.info.has_confidence:
+            confidence = [max(0.05, 0.95 - 0.1 * i) for i in range(len(drafted))]
         ev = StepEvent(
             request_id=r.rid, step=r.step, drafted=drafted, accepted=accepted, tokens=tokens,
             pieces=pieces, finished=done, finish_reason="length" if done else None,
             timings=StepTimings(draft_step_ms=draft_ms, draft_model_ms=draft_ms * 0.8,
                                 target_ms=target_ms, total_ms=draft_ms + target_ms),
+            confidence=confidence,
         )
         r.step += 1
         return ev

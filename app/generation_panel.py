@@ -1,20 +1,78 @@
-"""Side panel: system prompt and generation settings (greedy; sampling comes with the engine)."""
+"""Side panel: system prompt and generation settings -> engine.config.GenerationConfig.
+
+Greedy or sampling (temperature, top-k, top-p, min-p, an optional fixed seed: enabled only when
+sampling), penalties (they apply to greedy decoding too), min new tokens, stop strings, draft
+tokens per step and, when the loaded draft has a Markov head, its Top-K (markov_head_top_k).
+The panel checks nothing itself: GenerationConfig.validate() and the engine's add_request do, and
+their ValueError (which names the field) is shown under that field; nothing typed is lost.
+"""
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Signal
-from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout
+import re
+
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QPlainTextEdit, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
 
+SEED_MAX = 2**31 - 1
+_FIELD = re.compile(r"^\s*([a-z_]+)\b")
+
+
+def field_of_error(message: str) -> str | None:
+    """The GenerationConfig field a ValueError names first ("top_p=0.0 is outside ..."), if any."""
+    text = message.split(" failed: ", 1)[-1]  # ErrorInfo messages start with "<doing> failed: "
+    m = _FIELD.match(text)
+    if m and m.group(1) in GenerationConfig.field_names():
+        return m.group(1)
+    return None
+
+
+def parse_stop_strings(text: str) -> list[str]:
+    r"""One stop string per line; \n and \t stand for a line break and a tab."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            out.append(line.replace("\\n", "\n").replace("\\t", "\t"))
+    return out
+
+
+def _dspin(lo: float, hi: float, step: float, decimals: int, value: float, name: str) -> QDoubleSpinBox:
+    w = QDoubleSpinBox()
+    w.setObjectName(name)
+    w.setRange(lo, hi)
+    w.setSingleStep(step)
+    w.setDecimals(decimals)
+    w.setValue(value)
+    w.setKeyboardTracking(False)
+    return w
+
+
+def _ispin(lo: int, hi: int, value: int, name: str) -> QSpinBox:
+    w = QSpinBox()
+    w.setObjectName(name)
+    w.setRange(lo, hi)
+    w.setValue(value)
+    w.setKeyboardTracking(False)
+    return w
+
 
 class GenerationPanel(QGroupBox):
     system_prompt_edited = Signal(str)
+    settings_changed = Signal()
 
     def __init__(self, settings: QSettings, parent=None) -> None:
         super().__init__("Generation", parent)
         self.setObjectName("generationPanel")
         self.settings = settings
+        self._errors: dict[str, QLabel] = {}
+        self._rows: dict[str, QWidget] = {}
+        self._draft_loaded = False
+        self._has_head = False
+        self._variant: str | None = None
+        self._default_top_k = 0
         lay = QVBoxLayout(self)
         lay.addWidget(QLabel("System prompt"))
         self.system_prompt = QPlainTextEdit()
@@ -25,46 +83,179 @@ class GenerationPanel(QGroupBox):
         self.system_prompt.textChanged.connect(lambda: self.system_prompt_edited.emit(self.system_prompt.toPlainText()))
         lay.addWidget(self.system_prompt)
 
+        g = lambda key, default: S.get_float(settings, key, default)  # noqa: E731
         form = QFormLayout()
-        self.max_new_tokens = QSpinBox()
-        self.max_new_tokens.setObjectName("maxNewTokens")
-        self.max_new_tokens.setRange(1, 32768)
-        self.max_new_tokens.setValue(S.get_int(settings, S.K_MAX_NEW_TOKENS, 256))
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.form = form
+        self.max_new_tokens = _ispin(1, 32768, S.get_int(settings, S.K_MAX_NEW_TOKENS, 256), "maxNewTokens")
         self.max_new_tokens.setToolTip("The reply stops after this many new tokens.")
-        form.addRow("Max new tokens", self.max_new_tokens)
+        self._add(form, "Max new tokens", "max_new_tokens", self.max_new_tokens)
+        self.min_new_tokens = _ispin(0, 32768, S.get_int(settings, S.K_MIN_NEW_TOKENS, 0), "minNewTokens")
+        self.min_new_tokens.setToolTip("End-of-text is not allowed before this many new tokens.")
+        self._add(form, "Min new tokens", "min_new_tokens", self.min_new_tokens)
 
-        self.num_assistant = QSpinBox()
-        self.num_assistant.setObjectName("numAssistantTokens")
-        self.num_assistant.setRange(0, MAX_ASSISTANT_TOKENS)
+        self.num_assistant = _ispin(0, MAX_ASSISTANT_TOKENS, S.get_int(settings, S.K_NUM_ASSISTANT, 0),
+                                    "numAssistantTokens")
         self.num_assistant.setSpecialValueText("draft's block")
-        self.num_assistant.setValue(S.get_int(settings, S.K_NUM_ASSISTANT, 0))
         self.num_assistant.setToolTip("num_assistant_tokens: draft tokens proposed per step. "
                                       "“draft's block” uses the draft's own block size minus one.")
-        form.addRow("Draft tokens per step", self.num_assistant)
+        self._add(form, "Draft tokens per step", "num_assistant_tokens", self.num_assistant)
 
-        self.decoding = QLabel("Greedy (the target's most likely token). Sampling settings will appear "
-                               "here once the engine supports sampling.")
-        self.decoding.setObjectName("decodingNote")
-        self.decoding.setWordWrap(True)
-        form.addRow("Decoding", self.decoding)
+        self.markov_top_k = _ispin(-1, 100000, S.get_int(settings, S.K_MARKOV_TOP_K, -1), "markovHeadTopK")
+        self.markov_top_k.setSpecialValueText("draft's default")
+        self._add(form, "Markov head K", "markov_head_top_k", self.markov_top_k,
+                  note="K candidates per position scored by the head; 0 = dense Markov walk (DSpark only).")
+
+        # Decoding: greedy or sampling
+        mode = QWidget()
+        mh = QHBoxLayout(mode)
+        mh.setContentsMargins(0, 0, 0, 0)
+        self.greedy_radio = QRadioButton("Greedy")
+        self.greedy_radio.setObjectName("greedyRadio")
+        self.greedy_radio.setToolTip("The target's most likely token every time (same output as the target alone).")
+        self.sample_radio = QRadioButton("Sampling")
+        self.sample_radio.setObjectName("sampleRadio")
+        self.sample_radio.setToolTip("Draw tokens; drafts are verified by exact rejection sampling, so the "
+                                     "text has the target's own distribution.")
+        self._mode = QButtonGroup(self)
+        self._mode.addButton(self.greedy_radio)
+        self._mode.addButton(self.sample_radio)
+        mh.addWidget(self.greedy_radio)
+        mh.addWidget(self.sample_radio)
+        mh.addStretch(1)
+        form.addRow("Decoding", mode)
+        sampling = S.get_bool(settings, S.K_DO_SAMPLE, False)
+        (self.sample_radio if sampling else self.greedy_radio).setChecked(True)
+
+        self.temperature = _dspin(0.0, 10.0, 0.05, 2, g(S.K_TEMPERATURE, 0.7), "temperature")
+        self._add(form, "Temperature", "temperature", self.temperature)
+        self.top_k = _ispin(0, 1000000, S.get_int(settings, S.K_TOP_K, 0), "topK")
+        self.top_k.setSpecialValueText("off")
+        self._add(form, "Top-k", "top_k", self.top_k)
+        self.top_p = _dspin(0.0, 1.0, 0.05, 2, g(S.K_TOP_P, 1.0), "topP")
+        self._add(form, "Top-p", "top_p", self.top_p)
+        self.min_p = _dspin(0.0, 1.0, 0.01, 2, g(S.K_MIN_P, 0.0), "minP")
+        self._add(form, "Min-p", "min_p", self.min_p)
+        seed_w = QWidget()
+        sh = QHBoxLayout(seed_w)
+        sh.setContentsMargins(0, 0, 0, 0)
+        self.seed_check = QCheckBox("fixed")
+        self.seed_check.setObjectName("seedCheck")
+        self.seed_check.setToolTip("Unchecked: a fresh random seed for every reply.")
+        self.seed_check.setChecked(S.get_bool(settings, S.K_SEED_ON, False))
+        self.seed = _ispin(0, SEED_MAX, S.get_int(settings, S.K_SEED, 0), "seed")
+        sh.addWidget(self.seed_check)
+        sh.addWidget(self.seed, 1)
+        self._add(form, "Seed", "rng_seed", seed_w)
+        self._sampling_fields = ("temperature", "top_k", "top_p", "min_p", "rng_seed")
+
+        self.repetition_penalty = _dspin(0.0, 10.0, 0.05, 2, g(S.K_REPETITION_PENALTY, 1.0), "repetitionPenalty")
+        self.repetition_penalty.setToolTip("> 1 discourages tokens already in the prompt or reply (greedy too).")
+        self._add(form, "Repetition penalty", "repetition_penalty", self.repetition_penalty)
+        self.presence_penalty = _dspin(0.0, 10.0, 0.1, 2, g(S.K_PRESENCE_PENALTY, 0.0), "presencePenalty")
+        self.presence_penalty.setToolTip("Subtracted once from tokens already generated (greedy too).")
+        self._add(form, "Presence penalty", "presence_penalty", self.presence_penalty)
+        self.frequency_penalty = _dspin(0.0, 10.0, 0.1, 2, g(S.K_FREQUENCY_PENALTY, 0.0), "frequencyPenalty")
+        self.frequency_penalty.setToolTip("Subtracted per occurrence in the reply (greedy too).")
+        self._add(form, "Frequency penalty", "frequency_penalty", self.frequency_penalty)
+
+        self.stop_strings = QPlainTextEdit()
+        self.stop_strings.setObjectName("stopStrings")
+        self.stop_strings.setPlaceholderText("One per line (\\n = line break)")
+        self.stop_strings.setTabChangesFocus(True)
+        self.stop_strings.setMaximumHeight(48)
+        self.stop_strings.setPlainText(S.get_str(settings, S.K_STOP_STRINGS))
+        self._add(form, "Stop strings", "stop_strings", self.stop_strings)
+
         self.prompt_format = QLabel("—")
         self.prompt_format.setObjectName("promptFormat")
         self.prompt_format.setWordWrap(True)
         form.addRow("Prompt format", self.prompt_format)
         lay.addLayout(form)
-        self.max_new_tokens.valueChanged.connect(lambda v: settings.setValue(S.K_MAX_NEW_TOKENS, v))
-        self.num_assistant.valueChanged.connect(lambda v: settings.setValue(S.K_NUM_ASSISTANT, v))
 
+        self._persist(self.max_new_tokens, S.K_MAX_NEW_TOKENS)
+        self._persist(self.min_new_tokens, S.K_MIN_NEW_TOKENS)
+        self._persist(self.num_assistant, S.K_NUM_ASSISTANT)
+        self._persist(self.markov_top_k, S.K_MARKOV_TOP_K)
+        self._persist(self.temperature, S.K_TEMPERATURE)
+        self._persist(self.top_k, S.K_TOP_K)
+        self._persist(self.top_p, S.K_TOP_P)
+        self._persist(self.min_p, S.K_MIN_P)
+        self._persist(self.seed, S.K_SEED)
+        self._persist(self.repetition_penalty, S.K_REPETITION_PENALTY)
+        self._persist(self.presence_penalty, S.K_PRESENCE_PENALTY)
+        self._persist(self.frequency_penalty, S.K_FREQUENCY_PENALTY)
+        self.seed_check.toggled.connect(lambda v: self._changed(S.K_SEED_ON, v))
+        self.seed_check.toggled.connect(self._update_enabled)
+        self.sample_radio.toggled.connect(lambda v: self._changed(S.K_DO_SAMPLE, v))
+        self.sample_radio.toggled.connect(self._update_enabled)
+        self.stop_strings.textChanged.connect(
+            lambda: self._changed(S.K_STOP_STRINGS, self.stop_strings.toPlainText()))
+        self.set_draft_loaded(False)
+        self._update_enabled()
+
+    # -- building ----------------------------------------------------------------------------------
+    def _add(self, form: QFormLayout, label: str, field: str, widget: QWidget, note: str = "") -> None:
+        """A form row: the field, an optional note, and a hidden error line under it."""
+        box = QWidget()
+        v = QVBoxLayout(box)
+        v.setContentsMargins(0, 0, 0, 0)
+        v.setSpacing(1)
+        v.addWidget(widget)
+        if note:
+            n = QLabel(note)
+            n.setObjectName(f"{field}Note")
+            n.setWordWrap(True)
+            n.setStyleSheet("color:#475467;")
+            v.addWidget(n)
+            setattr(self, f"{field}_note", n)
+        err = QLabel()
+        err.setObjectName("fieldError")
+        err.setProperty("field", field)
+        err.setWordWrap(True)
+        err.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        err.setStyleSheet("color:#b42318;")
+        err.hide()
+        v.addWidget(err)
+        self._errors[field] = err
+        self._rows[field] = box
+        form.addRow(label, box)
+
+    def _persist(self, w, key: str) -> None:
+        w.valueChanged.connect(lambda v: self._changed(key, v))
+
+    def _changed(self, key: str, value) -> None:
+        self.settings.setValue(key, value)
+        self.revalidate()
+        self.settings_changed.emit()
+
+    # -- state from the loaded engine -------------------------------------------------------------
     def set_system_prompt(self, text: str) -> None:
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(text)
         self.system_prompt.blockSignals(False)
 
-    def set_draft_loaded(self, loaded: bool, max_candidates: int | None = None) -> None:
+    def set_draft_loaded(self, loaded: bool, max_candidates: int | None = None, variant: str | None = None,
+                         has_head: bool = False, default_top_k: int = 0) -> None:
+        self._draft_loaded = loaded
+        self._has_head = loaded and has_head
+        self._variant = variant if loaded else None
+        self._default_top_k = default_top_k
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
         self.num_assistant.setToolTip(
-            self.num_assistant.toolTip() if loaded else "No draft loaded: the target makes one token per step.")
+            "num_assistant_tokens: draft tokens proposed per step. “draft's block” uses the draft's own "
+            "block size minus one." if loaded else "No draft loaded: the target makes one token per step.")
+        # markov_head_top_k only means something for a draft with a head (DSpark's, DFlash v2's selector).
+        self.form.setRowVisible(self._rows["markov_head_top_k"], self._has_head)
+        if self._has_head:
+            self.markov_top_k.setSpecialValueText(f"draft's default ({default_top_k})")
+            if variant == "dflash_v2":
+                note = "K candidates per position scored by DFlash v2's selector (K ≥ 1)."
+            else:
+                note = "K candidates per position scored by the Markov head; 0 = the dense Markov walk."
+            self.markov_head_top_k_note.setText(note)
+        self.revalidate()
 
     def set_chat_template(self, has_template: bool | None) -> None:
         if has_template is None:
@@ -75,9 +266,78 @@ class GenerationPanel(QGroupBox):
             self.prompt_format.setText("Plain completion: this target has no chat template, so your "
                                        "message is continued as text.")
 
-    def config(self, with_draft: bool) -> GenerationConfig:
+    @property
+    def sampling(self) -> bool:
+        return self.sample_radio.isChecked()
+
+    def _update_enabled(self, *_: object) -> None:
+        on = self.sampling
+        for name in self._sampling_fields:
+            self._rows[name].setEnabled(on)
+            self.form.labelForField(self._rows[name]).setEnabled(on)
+        self.seed.setEnabled(on and self.seed_check.isChecked())
+        self.revalidate()
+
+    # -- the config --------------------------------------------------------------------------------
+    def raw_config(self, with_draft: bool) -> GenerationConfig:
+        """The settings as a GenerationConfig, not validated."""
         n = self.num_assistant.value()
+        k = self.markov_top_k.value()
+        sampling = self.sampling
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens.value(),
+            min_new_tokens=self.min_new_tokens.value(),
             num_assistant_tokens=(n if (n > 0 and with_draft) else None),
-        ).validate()
+            markov_head_top_k=(k if (k >= 0 and with_draft and self._has_head) else None),
+            stop_strings=parse_stop_strings(self.stop_strings.toPlainText()),
+            do_sample=sampling,
+            temperature=self.temperature.value() if sampling else 1.0,
+            top_k=self.top_k.value() if sampling else 0,
+            top_p=self.top_p.value() if sampling else 1.0,
+            min_p=self.min_p.value() if sampling else 0.0,
+            repetition_penalty=self.repetition_penalty.value(),
+            presence_penalty=self.presence_penalty.value(),
+            frequency_penalty=self.frequency_penalty.value(),
+            rng_seed=(self.seed.value() if (sampling and self.seed_check.isChecked()) else None),
+        )
+
+    def config(self, with_draft: bool) -> GenerationConfig:
+        """The validated GenerationConfig; a ValueError (also shown under its field) when a value is bad."""
+        cfg = self.raw_config(with_draft)
+        try:
+            cfg.validate()
+        except ValueError as e:
+            self.show_error(str(e))
+            raise
+        self.clear_errors()
+        return cfg
+
+    def revalidate(self) -> None:
+        """Check the settings as they are edited; show the engine's message under the bad field."""
+        try:
+            self.raw_config(self._draft_loaded).validate()
+        except ValueError as e:
+            self.show_error(str(e))
+            return
+        self.clear_errors()
+
+    def show_error(self, message: str) -> bool:
+        """Show a ValueError's message under the field it names. False when it names no field here."""
+        name = field_of_error(message)
+        self.clear_errors()
+        if name is None or name not in self._errors:
+            return False
+        label = self._errors[name]
+        label.setText(message.split(" failed: ", 1)[-1])
+        label.show()
+        return True
+
+    def clear_errors(self) -> None:
+        for label in self._errors.values():
+            if not label.isHidden():
+                label.hide()
+                label.clear()
+
+    def field_error(self, name: str) -> str:
+        label = self._errors.get(name)
+        return label.text() if label is not None and not label.isHidden() else ""

@@ -13,13 +13,14 @@ from PySide6.QtCore import QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
-                               QSizePolicy, QVBoxLayout, QWidget)
+                               QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
 
 from app import settings as S
 from app.chat.input import ChatInput
 from app.chat.model import CANCELLED, DONE, ERROR, STREAMING, Conversation, Message
 from app.chat.store import CorruptFile, HistoryStore
 from app.chat.view import DRAFT_BG, ChatView
+from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
 from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
@@ -125,7 +126,8 @@ class MainWindow(QMainWindow):
                  devices: list[DeviceInfo] | None = None, history_root: Path | None = None,
                  draft_validator: DraftValidator | None = None, autoload: bool = True,
                  prepare_command: tuple[str, list[str]] | None = None,
-                 flush_interval_s: float = 0.033, engine_label: str = "") -> None:
+                 flush_interval_s: float = 0.033, engine_label: str = "",
+                 bench_machine: dict[str, str] | None = None) -> None:
         super().__init__()
         self.setWindowTitle("DFlash Studio")
         self.setObjectName("mainWindow")
@@ -156,6 +158,7 @@ class MainWindow(QMainWindow):
 
         self._build_central()
         self._build_docks(devices, draft_validator)
+        self._build_compare(bench_machine)
         self._build_menus()
         self._build_status()
         self._wire()
@@ -215,7 +218,38 @@ class MainWindow(QMainWindow):
             buttons.addWidget(b)
         row.addLayout(buttons)
         v.addLayout(row)
-        self.setCentralWidget(central)
+        # Chat and Compare share the centre as tabs; the live plots dock belongs to the chat.
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("centralTabs")
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(central, "Chat")
+        self.setCentralWidget(self.tabs)
+        self._plots_hidden_by_tab = False
+        self._hidden_by_tab: list[QDockWidget] = []
+
+    def _build_compare(self, machine: dict[str, str] | None) -> None:
+        self.compare = ComparePanel(self.controller, self.model_panel, self.settings, machine=machine)
+        self.tabs.addTab(self.compare, "Compare")
+        self.tabs.setTabToolTip(1, "Run the same prompts through the target alone and each draft: "
+                                   "tokens per step, tok/s, speedup")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        self.compare.run_started.connect(self._update_actions)
+        self.compare.run_finished.connect(lambda _r: self._update_actions())
+
+    def _tab_changed(self, index: int) -> None:
+        """Conversations and live plots belong to the chat: they step aside while Compare is shown (its
+        table and charts need the room) and come back with the chat. The Session panel stays: the
+        comparison runs on its target and device."""
+        if index == 1:
+            self._hidden_by_tab = [d for d in (self.conv_dock, self.plots_dock) if d.isVisible()]
+            for d in self._hidden_by_tab:
+                d.hide()
+            self._plots_hidden_by_tab = bool(self._hidden_by_tab)
+        elif self._plots_hidden_by_tab:
+            self._plots_hidden_by_tab = False
+            for d in self._hidden_by_tab:
+                d.show()
+            self._hidden_by_tab = []
 
     def _build_docks(self, devices: list[DeviceInfo] | None, validator: DraftValidator | None) -> None:
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks)
@@ -286,6 +320,12 @@ class MainWindow(QMainWindow):
         self.act_mark = QAction("&Mark accepted draft tokens", self, checkable=True)
         self.act_mark.setChecked(self.mark_switch.isChecked())
         m.addAction(self.act_mark)
+        self.act_chat_tab = QAction("&Chat", self, shortcut=QKeySequence("Ctrl+1"))
+        self.act_compare_tab = QAction("C&ompare (target alone vs drafts)", self, shortcut=QKeySequence("Ctrl+2"))
+        self.act_chat_tab.triggered.connect(lambda: self.tabs.setCurrentIndex(0))
+        self.act_compare_tab.triggered.connect(lambda: self.tabs.setCurrentIndex(1))
+        m.addAction(self.act_chat_tab)
+        m.addAction(self.act_compare_tab)
         m.addSeparator()
         for d in (self.conv_dock, self.side_dock, self.plots_dock):
             m.addAction(d.toggleViewAction())
@@ -346,6 +386,8 @@ class MainWindow(QMainWindow):
             self.resizeDocks([self.plots_dock], [250], Qt.Orientation.Vertical)
 
     def _save_window(self) -> None:
+        if self._plots_hidden_by_tab:  # remember the docks as the chat shows them
+            self.tabs.setCurrentIndex(0)
         self.settings.setValue(S.K_GEOMETRY, self.saveGeometry())
         self.settings.setValue(S.K_STATE, self.saveState())
         self.settings.sync()
@@ -520,7 +562,8 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DRAFT, info.draft_dir or "")
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
-        self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates)
+        self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
+                                        info.draft_has_head, info.draft_default_top_k)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
         self.model_panel.set_loaded(f"Loaded {info.target_name}"
                                     + (f" + {info.draft_name}" if info.draft_name else " (no draft)"))
@@ -587,13 +630,17 @@ class MainWindow(QMainWindow):
         if any(tag not in self.stopped for tag in self.streams):
             self.state_label.setText("A reply is still streaming: press Esc to stop it first.")
             return False
-        conv = self.current or self._make_conversation()
+        if self.controller.benchmarking:
+            self.state_label.setText("A comparison run is using the engine (Compare tab): cancel it there or "
+                                     "wait for it; your message stays here.")
+            return False
         info = self.engine_info
         try:
             config = self.gen_panel.config(with_draft=info.draft_dir is not None)
         except ValueError as e:
-            self.show_error(ErrorInfo("Bad setting", str(e)))
+            self._bad_setting(str(e))
             return False
+        conv = self.current or self._make_conversation()
         user = Message("user", text)
         conv.messages.append(user)
         self.chat.message_added(user)
@@ -685,12 +732,47 @@ class MainWindow(QMainWindow):
                 self.state_label.setText("Done." if fin.reason != "length" else "Done (max new tokens reached).")
         self._update_actions()
 
+    def _bad_setting(self, message: str) -> None:
+        """A ValueError about a setting: shown under its field in the Generation panel (else a banner)."""
+        if self.gen_panel.show_error(message):
+            self.side_dock.show()
+            self.state_label.setText("Not sent: a generation setting needs a change (see the Generation "
+                                     "panel). Your message is still in the box.")
+        else:
+            self.show_error(ErrorInfo("Bad setting", message))
+
+    def _refused(self, conv: Conversation, reply: Message, err: ErrorInfo) -> None:
+        """The engine refused the request before any step: take the turn back, nothing typed is lost."""
+        i = next((j for j, m in enumerate(conv.messages) if m is reply), None)
+        text = ""
+        if i is not None:
+            del conv.messages[i]
+            if i > 0 and conv.messages[i - 1].role == "user":
+                text = conv.messages.pop(i - 1).content
+        if not conv.messages:
+            conv.title = "New conversation"
+            self.store.delete(conv)
+        else:
+            self._save(conv)
+        self._refresh_title(conv)
+        if conv is self.current:
+            self.chat.set_conversation(conv)
+        if text and not self.input.toPlainText().strip():
+            self.input.setPlainText(text)
+        if not self.streams:
+            self.plots.stop()
+        self._bad_setting(err.message)
+        self._update_actions()
+
     def _on_failed(self, tag: str, err: ErrorInfo) -> None:
         if tag in self._pending_text:
             self._flush_text()
         entry = self.streams.pop(tag, None)
         self.stopped.discard(tag)
         if self._closing:
+            return
+        if entry is not None and err.stage == "start" and err.kind == "ValueError":
+            self._refused(entry[0], entry[1], err)
             return
         if entry is not None:
             conv, msg = entry
@@ -730,7 +812,7 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         streaming = any(t not in self.stopped for t in self.streams)
         ready = self.engine_info is not None and not self.controller.loading
-        self.send_button.setEnabled(ready and not streaming)
+        self.send_button.setEnabled(ready and not streaming and not self.controller.benchmarking)
         self.stop_button.setEnabled(streaming)
         self.model_panel.load_button.setEnabled(not self.model_panel.problems() and not self.controller.loading)
         if self.engine_info is None and not self.controller.loading:

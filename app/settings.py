@@ -23,6 +23,20 @@ K_LAST_DRAFT = "models/last_draft"  # "" means "no draft"
 K_LAST_DEVICE = "models/last_device"
 K_MAX_NEW_TOKENS = "generation/max_new_tokens"
 K_NUM_ASSISTANT = "generation/num_assistant_tokens"  # 0 means "the draft's block"
+K_MIN_NEW_TOKENS = "generation/min_new_tokens"
+K_MARKOV_TOP_K = "generation/markov_head_top_k"  # -1 means "the draft's default"
+K_DO_SAMPLE = "generation/do_sample"
+K_TEMPERATURE = "generation/temperature"
+K_TOP_K = "generation/top_k"
+K_TOP_P = "generation/top_p"
+K_MIN_P = "generation/min_p"
+K_SEED_ON = "generation/seed_fixed"
+K_SEED = "generation/seed"
+K_REPETITION_PENALTY = "generation/repetition_penalty"
+K_PRESENCE_PENALTY = "generation/presence_penalty"
+K_FREQUENCY_PENALTY = "generation/frequency_penalty"
+K_STOP_STRINGS = "generation/stop_strings"
+K_COMPARE = "compare/"  # prefix of the comparison panel's settings
 K_SYSTEM_PROMPT = "generation/system_prompt"
 K_MARK_DRAFT = "chat/mark_draft_tokens"
 K_LAST_CONVERSATION = "chat/last_conversation"
@@ -51,6 +65,15 @@ def get_int(s: QSettings, key: str, default: int) -> int:
         return int(v)
     except (TypeError, ValueError):
         return default
+
+
+def get_float(s: QSettings, key: str, default: float) -> float:
+    v = s.value(key, default)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return f if f == f else default
 
 
 def get_bool(s: QSettings, key: str, default: bool) -> bool:

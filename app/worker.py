@@ -29,6 +29,7 @@ class ErrorInfo:
     message: str  # one or two readable sentences
     details: str = ""  # traceback and context, shown behind a "Details" button
     kind: str = ""
+    stage: str = ""  # "start": the engine refused the request before any step (a bad setting)
 
     @classmethod
     def from_exception(cls, exc: BaseException, doing: str) -> "ErrorInfo":
@@ -62,6 +63,10 @@ class EngineInfo:
     has_chat_template: bool
     load_s: float
     max_candidates: int | None = None  # the most draft tokens per step this draft proposes
+    draft_variant: str | None = None  # dflash_v1 | dspark | dflash_v2
+    draft_has_head: bool = False  # a Markov head / selector: markov_head_top_k applies
+    draft_default_top_k: int = 0
+    draft_has_confidence: bool = False
 
 
 @dataclass
@@ -70,6 +75,16 @@ class GenerateRequest:
     prompt: Any  # str | list[dict] | list[int]
     config: GenerationConfig
     chat: bool | None = None
+
+
+@dataclass
+class BenchJob:
+    """One comparison run (engine.bench.runner.BenchSpec) for the worker thread."""
+
+    spec: Any
+    loader: Loader | None = None  # None: the controller's loader (the same engine as the chat)
+    machine: dict[str, str] | None = None  # None: engine.bench.runner.describe_machine
+    cancel_event: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -120,6 +135,25 @@ def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -
         s["device"] = info.device
     if "draft" not in s:
         s["draft"] = (info.draft_name if info and info.draft_name else None) or "none"
+    return s
+
+
+def request_stats(config: GenerationConfig, info: EngineInfo | None) -> dict[str, Any]:
+    """What a reply was made with: decoding, and the draft's variant and K when it has a draft."""
+    s: dict[str, Any] = {}
+    if config.do_sample:
+        s["decoding"] = f"sampled T={config.temperature:g}" + (
+            f" seed {config.rng_seed}" if config.rng_seed is not None else "")
+    else:
+        s["decoding"] = "greedy"
+    if info is not None and info.draft_name:
+        if info.draft_variant:
+            s["variant"] = info.draft_variant
+        if info.draft_has_head:
+            k = config.markov_head_top_k
+            s["markov_head_top_k"] = info.draft_default_top_k if k is None else k
+        if config.num_assistant_tokens:
+            s["num_assistant_tokens"] = config.num_assistant_tokens
     return s
 
 
@@ -175,6 +209,9 @@ class EngineWorker(QObject):
     events_ready = Signal(object, object)  # tag, list[StepEvent]
     finished = Signal(object, object)  # tag, FinishInfo
     failed = Signal(object, object)  # tag, ErrorInfo
+    bench_progress = Signal(str, object)  # message, fraction done (or None while loading)
+    bench_finished = Signal(object)  # engine.bench.runner.BenchResult (cancelled=True when cancelled)
+    bench_failed = Signal(object)  # ErrorInfo
 
     def __init__(self, loader: Loader, flush_interval_s: float) -> None:
         super().__init__()
@@ -221,6 +258,12 @@ class EngineWorker(QObject):
             load_s=time.perf_counter() - t0,
             max_candidates=getattr(pipe, "default_num_candidates", None) or None,
         )
+        dinfo = getattr(getattr(pipe, "draft", None), "info", None)
+        if dinfo is not None:
+            info.draft_variant = str(getattr(dinfo, "variant", "") or "") or None
+            info.draft_has_head = bool(getattr(dinfo, "has_head", False))
+            info.draft_default_top_k = int(getattr(dinfo, "default_top_k", 0) or 0)
+            info.draft_has_confidence = bool(getattr(dinfo, "has_confidence", False))
         self._info = info
         self.loaded.emit(info)
 
@@ -238,7 +281,9 @@ class EngineWorker(QObject):
         try:
             rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
         except BaseException as exc:  # noqa: BLE001
-            self.failed.emit(tag, ErrorInfo.from_exception(exc, "Starting the request"))
+            err = ErrorInfo.from_exception(exc, "Starting the request")
+            err.stage = "start"
+            self.failed.emit(tag, err)
             return
         self.started.emit(tag, rid)
         batch: list[Any] = []
@@ -281,9 +326,33 @@ class EngineWorker(QObject):
         except Exception:  # noqa: BLE001 - fall back to what the events said
             metrics = None
         stats = stats_from_metrics(metrics, tally, self._info)
+        stats.update(request_stats(req.config, self._info))
         stats["finish_reason"] = reason
         self._forget(pipe, rid, tag)
         self.finished.emit(tag, FinishInfo(rid, reason, stats))
+
+    @Slot(object)
+    def do_bench(self, job: BenchJob) -> None:
+        """Run the shared bench runner; progress at most ~10 times a second, cancel between runs."""
+        from engine.bench.runner import run_bench
+
+        def cancelled() -> bool:
+            return job.cancel_event.is_set() or self.shutting_down.is_set()
+
+        last = [0.0]
+
+        def progress(message: str, fraction: float | None = None) -> None:
+            now = time.perf_counter()
+            if fraction is None or fraction >= 1.0 or now - last[0] >= 0.1:
+                last[0] = now
+                self.bench_progress.emit(message, fraction)
+
+        try:
+            result = run_bench(job.spec, progress, cancelled, loader=job.loader or self._loader, machine=job.machine)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable message
+            self.bench_failed.emit(ErrorInfo.from_exception(exc, "The comparison run"))
+            return
+        self.bench_finished.emit(result)
 
     def _forget(self, pipe: Any, rid: int, tag: str) -> None:
         with self._lock:
@@ -306,9 +375,13 @@ class EngineController(QObject):
     finished = Signal(object, object)
     failed = Signal(object, object)
     busy_changed = Signal(bool)
+    bench_progress = Signal(str, object)
+    bench_finished = Signal(object)
+    bench_failed = Signal(object)
 
     _load_req = Signal(object)
     _gen_req = Signal(object)
+    _bench_req = Signal(object)
 
     def __init__(self, loader: Loader | None = None, flush_interval_s: float = 0.033, parent=None) -> None:
         super().__init__(parent)
@@ -318,6 +391,10 @@ class EngineController(QObject):
         self._worker.moveToThread(self._thread)
         self._load_req.connect(self._worker.do_load)
         self._gen_req.connect(self._worker.do_generate)
+        self._bench_req.connect(self._worker.do_bench)
+        self._worker.bench_progress.connect(self.bench_progress)
+        self._worker.bench_finished.connect(self._on_bench_finished)
+        self._worker.bench_failed.connect(self._on_bench_failed)
         self._worker.loaded.connect(self._on_loaded)
         self._worker.load_failed.connect(self._on_load_failed)
         self._worker.started.connect(self.started)
@@ -328,6 +405,7 @@ class EngineController(QObject):
         self._thread.start()
         self._pending: list[str] = []  # tags sent and not yet finished, oldest first
         self._loads = 0  # load requests sent and not yet answered
+        self._bench: BenchJob | None = None
         self.info: EngineInfo | None = None
         self._closed = False
 
@@ -341,8 +419,12 @@ class EngineController(QObject):
         return bool(self._pending)
 
     @property
+    def benchmarking(self) -> bool:
+        return self._bench is not None
+
+    @property
     def busy(self) -> bool:
-        return self._loads > 0 or bool(self._pending)
+        return self._loads > 0 or bool(self._pending) or self._bench is not None
 
     @property
     def thread(self) -> TrackedThread:
@@ -367,6 +449,22 @@ class EngineController(QObject):
         if not was:
             self.busy_changed.emit(True)
 
+    def bench(self, job: BenchJob) -> bool:
+        """Queue a comparison run on the engine thread (after what is already queued there)."""
+        if self._closed or self._bench is not None:
+            return False
+        was = self.busy
+        self._bench = job
+        self._bench_req.emit(job)
+        if not was:
+            self.busy_changed.emit(True)
+        return True
+
+    def cancel_bench(self) -> None:
+        """The runner stops before its next prompt / configuration (and a running request at its next step)."""
+        if self._bench is not None:
+            self._bench.cancel_event.set()
+
     def cancel(self, tag: str | None = None) -> None:
         """Cancel one request (or every pending one). Takes effect before the engine's next step."""
         for t in ([tag] if tag else list(self._pending)):
@@ -379,6 +477,7 @@ class EngineController(QObject):
         self._closed = True
         self._worker.shutting_down.set()
         self.cancel()
+        self.cancel_bench()
         self._thread.quit()
         ok = self._thread.wait() if timeout_ms is None else self._thread.wait(timeout_ms)
         if ok:
@@ -411,4 +510,14 @@ class EngineController(QObject):
         if tag in self._pending:
             self._pending.remove(tag)
         self.failed.emit(tag, err)
+        self._after()
+
+    def _on_bench_finished(self, result: Any) -> None:
+        self._bench = None
+        self.bench_finished.emit(result)
+        self._after()
+
+    def _on_bench_failed(self, err: ErrorInfo) -> None:
+        self._bench = None
+        self.bench_failed.emit(err)
         self._after()

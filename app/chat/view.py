@@ -26,7 +26,8 @@ def _fmt_num(v: float, digits: int) -> str:
 
 
 def format_stats(stats: dict[str, Any] | None) -> str:
-    """One line of per-message stats: TTFT, decode tok/s, tokens per step, acceptance, draft, device."""
+    """One line of per-message stats: TTFT, decode tok/s, tokens per step, acceptance, draft (variant, K),
+    sampling, device."""
     if not stats:
         return ""
     parts: list[str] = []
@@ -43,7 +44,15 @@ def format_stats(stats: dict[str, Any] | None) -> str:
         parts.append(f"{pct:.0f}% accepted")
     if "tokens" in stats:
         parts.append(f"{stats['tokens']} tokens")
-    parts.append(f"draft: {stats['draft']}" if has_draft else "no draft")
+    if has_draft:
+        extra = [str(stats["variant"])] if stats.get("variant") else []
+        if stats.get("markov_head_top_k") is not None:
+            extra.append(f"K={stats['markov_head_top_k']}")
+        parts.append(f"draft: {stats['draft']}" + (f" ({', '.join(extra)})" if extra else ""))
+    else:
+        parts.append("no draft")
+    if stats.get("decoding") and stats["decoding"] != "greedy":
+        parts.append(str(stats["decoding"]))
     if stats.get("device"):
         parts.append(str(stats["device"]))
     return " · ".join(parts)

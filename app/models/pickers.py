@@ -226,6 +226,12 @@ class ModelPanel(QGroupBox):
                 return p
         return None
 
+    def draft_choices(self) -> list[tuple[str, list[str]]]:
+        """Every draft the picker lists, with the reasons it does not fit the current target ([] = fits)."""
+        t = self.target_dir()
+        return [(p, self._reasons(t, p)) for p in
+                (self.draft_combo.itemData(i, PATH_ROLE) for i in range(1, self.draft_combo.count())) if p]
+
     def set_loaded(self, text: str) -> None:
         self.load_state.setText(text)
 
@@ -373,9 +379,9 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. The target "
-                    "alone may run on NPU through openvino_genai.LLMPipeline where the engine offers that "
-                    "path; Load says if it does not.")
+            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
+                    "openvino_genai.LLMPipeline can run a target alone on NPU, but this version's engine "
+                    "does not offer that path: Load will show the engine's refusal. Choose CPU or a GPU.")
             state = "warn"
         elif switched:
             text = (f"{switched} cannot run a draft: {NPU_NOTICE.split('. ')[0]}. "

@@ -22,6 +22,8 @@ DRAW_SHARE = 0.2  # drawing may use at most ~this share of the GUI thread
 DRAFT_COLOR = "#2e9d4a"
 TARGET_COLOR = "#3b6fd8"
 MEAN_COLOR = "#d97706"
+ACCEPT_TITLE = "Acceptance by block position"
+ACCEPT_CONF_TITLE = "Acceptance · <span style='color:#d97706'>draft confidence</span>"
 
 
 class GrowBuffer:
@@ -66,6 +68,9 @@ class LivePlots(QWidget):
         self.target_ms = GrowBuffer()
         self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps that drafted a token there
         self.hits = np.zeros(0, dtype=np.int64)  # ... and had it accepted (the engine's measure)
+        self.conf_sum = np.zeros(0, dtype=np.float64)  # per block position: the draft's confidence, summed
+        self.conf_n = np.zeros(0, dtype=np.int64)  # (drafts with a confidence head only)
+        self._has_conf = False
         self._dirty = False
         self.redraws = 0
         self._ytop = -1.0
@@ -92,9 +97,12 @@ class LivePlots(QWidget):
         self._ytop = 4.0
         row.addWidget(self.p_tokens, 1)
 
-        self.p_accept = self._plot("Acceptance by block position", "position in block", "% accepted")
+        self.p_accept = self._plot(ACCEPT_TITLE, "position in block", "% accepted")
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=DRAFT_COLOR, pen=None)
         self.p_accept.addItem(self.bars)
+        # The draft's own confidence per position (DSpark's confidence head), drawn over the bars.
+        self.c_conf = self.p_accept.plot([], [], pen=pg.mkPen(MEAN_COLOR, width=1), symbol="o", symbolSize=5,
+                                         symbolBrush=MEAN_COLOR, symbolPen=None)
         self.p_accept.setYRange(0, 100, padding=0.02)
         self.p_accept.setXRange(0.5, 7.5, padding=0)
         self.no_draft_text = pg.TextItem("", color="#667085", anchor=(0.5, 0.5))
@@ -149,6 +157,11 @@ class LivePlots(QWidget):
             b.clear()
         self.reached = np.zeros(0, dtype=np.int64)
         self.hits = np.zeros(0, dtype=np.int64)
+        self.conf_sum = np.zeros(0, dtype=np.float64)
+        self.conf_n = np.zeros(0, dtype=np.int64)
+        if self._has_conf:
+            self._has_conf = False
+            self.p_accept.setTitle(ACCEPT_TITLE, color="#111827", size="9pt")
         self._xmax = self._ms_top = -1.0
         self._dirty = True
         self._redraw()
@@ -171,6 +184,15 @@ class LivePlots(QWidget):
                 # Same measure as engine.metrics: accepted at position i / drafted at position i.
                 self.reached[:k] += 1
                 self.hits[: min(ev.accepted, k)] += 1
+                conf = getattr(ev, "confidence", None)
+                if conf:
+                    c = np.asarray(conf[:k], dtype=np.float64)
+                    if len(c) > len(self.conf_sum):
+                        grow = len(c) - len(self.conf_sum)
+                        self.conf_sum = np.concatenate([self.conf_sum, np.zeros(grow)])
+                        self.conf_n = np.concatenate([self.conf_n, np.zeros(grow, dtype=np.int64)])
+                    self.conf_sum[: len(c)] += c
+                    self.conf_n[: len(c)] += 1
             self._dirty = True
 
     # -- drawing (GUI thread timer) --------------------------------------------------------------
@@ -203,6 +225,11 @@ class LivePlots(QWidget):
         with np.errstate(divide="ignore", invalid="ignore"):
             pct = np.where(self.reached > 0, 100.0 * self.hits / np.maximum(self.reached, 1), 0.0)
         return pct
+
+    def confidence_percent(self) -> np.ndarray:
+        """Mean draft confidence per block position, in % (empty without a confidence head)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.conf_n > 0, 100.0 * self.conf_sum / np.maximum(self.conf_n, 1), np.nan)
 
     @property
     def interval_ms(self) -> int:
@@ -243,6 +270,15 @@ class LivePlots(QWidget):
         pct = self.acceptance_percent()
         positions = np.arange(1, len(pct) + 1)
         self.bars.setOpts(x=positions, height=pct, width=0.7)
+        if self.conf_n.any():
+            conf = self.confidence_percent()
+            ok = ~np.isnan(conf)
+            self.c_conf.setData(np.arange(1, len(conf) + 1)[ok], conf[ok])
+            if not self._has_conf:
+                self._has_conf = True
+                self.p_accept.setTitle(ACCEPT_CONF_TITLE, color="#111827", size="9pt")
+        else:
+            self.c_conf.setData([], [])
         span = max(7, len(pct))
         if span != self._span:
             self._span = span

@@ -54,6 +54,30 @@ def _jsonl(path: Path) -> list[Prompt]:
     return out
 
 
+BUILTIN_SETS = (("humaneval", "HumanEval (164 code prompts)"), ("mt-bench", "MT-Bench first turns (80)"))
+
+
+def resource_sets() -> list[str]:
+    """Names of the prompt sets in resources/prompts (smoke, chat, code, ...)."""
+    try:
+        return sorted(p.stem for p in RESOURCE_SETS.glob("*.jsonl"))
+    except OSError:
+        return []
+
+
+def available_sets() -> list[tuple[str, str]]:
+    """(dataset name for load_prompts, label) for every set a picker can offer."""
+    out = list(BUILTIN_SETS)
+    for name in resource_sets():
+        try:
+            n = sum(1 for line in (RESOURCE_SETS / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+                    if line.strip())
+        except OSError:
+            continue
+        out.append((name, f"{name} ({n}, resources/prompts)"))
+    return out
+
+
 def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
     """humaneval | mt-bench | a name in resources/prompts | a JSONL file path."""
     name = dataset.lower()
@@ -61,7 +85,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
         prompts = _humaneval()
     elif name in ("mt-bench", "mtbench"):
         prompts = _mtbench()
-    elif (RESOURCE_SETS / f"{dataset}.jsonl").is_file():
+    elif "/" not in dataset and (RESOURCE_SETS / f"{dataset}.jsonl").is_file():
         prompts = _jsonl(RESOURCE_SETS / f"{dataset}.jsonl")
     elif Path(dataset).is_file():
         prompts = _jsonl(Path(dataset))

@@ -1,0 +1,1 @@
+"""The comparison panel: target alone vs each draft on a prompt set (engine.bench.runner)."""

@@ -1,0 +1,129 @@
+"""The Generation panel: greedy / sampling controls, penalties, stops, markov_head_top_k, errors at the field."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from app.chat.model import DONE
+
+
+def _type_and_send(w, qtbot, text: str) -> None:
+    w.input.setFocus()
+    qtbot.keyClicks(w.input, text)
+    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+
+
+def test_sampling_fields_follow_the_switch_and_reach_the_engine(make_window, qtbot):
+    w = make_window()
+    g = w.gen_panel
+    assert g.greedy_radio.isChecked()
+    for name in ("temperature", "top_k", "top_p", "min_p", "rng_seed"):
+        assert not g._rows[name].isEnabled(), name  # greedy: the sampling fields are off
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "stop_strings", "min_new_tokens"):
+        assert g._rows[name].isEnabled(), name  # these apply to greedy decoding too
+    cfg = g.config(with_draft=True)
+    assert not cfg.do_sample and cfg.rng_seed is None and cfg.temperature == 1.0
+
+    g.sample_radio.setChecked(True)
+    assert all(g._rows[n].isEnabled() for n in ("temperature", "top_k", "top_p", "min_p", "rng_seed"))
+    assert not g.seed.isEnabled()  # "fixed" is off: a fresh seed per reply
+    g.seed_check.setChecked(True)
+    assert g.seed.isEnabled()
+    g.temperature.setValue(0.8)
+    g.top_k.setValue(40)
+    g.top_p.setValue(0.9)
+    g.min_p.setValue(0.05)
+    g.seed.setValue(1234)
+    g.repetition_penalty.setValue(1.1)
+    g.presence_penalty.setValue(0.5)
+    g.frequency_penalty.setValue(0.25)
+    g.min_new_tokens.setValue(3)
+    g.stop_strings.setPlainText("###\nEND\\n")
+    g.max_new_tokens.setValue(12)
+    with qtbot.waitSignal(w.controller.finished, timeout=10000):
+        _type_and_send(w, qtbot, "hello")
+    pipe = w.controller._worker._pipe
+    cfg = pipe.configs[-1]
+    assert cfg.do_sample and cfg.temperature == 0.8 and cfg.top_k == 40 and cfg.top_p == 0.9
+    assert cfg.min_p == 0.05 and cfg.rng_seed == 1234 and cfg.repetition_penalty == 1.1
+    assert cfg.presence_penalty == 0.5 and cfg.frequency_penalty == 0.25 and cfg.min_new_tokens == 3
+    assert cfg.stop_strings == ["###", "END\n"] and cfg.max_new_tokens == 12
+    reply = w.current.messages[-1]
+    assert reply.stats["decoding"] == "sampled T=0.8 seed 1234"
+    assert "sampled T=0.8" in w.chat.toPlainText()
+
+    # The settings come back in a new window.
+    w.close()
+    w2 = make_window(load=False)
+    g2 = w2.gen_panel
+    assert g2.sample_radio.isChecked() and g2.temperature.value() == 0.8 and g2.seed_check.isChecked()
+    assert g2.stop_strings.toPlainText() == "###\nEND\\n" and g2.top_k.value() == 40
+
+
+def test_invalid_value_is_shown_at_its_field_and_nothing_is_lost(make_window, qtbot):
+    w = make_window()
+    g = w.gen_panel
+    g.sample_radio.setChecked(True)
+    g.temperature.setValue(0.0)
+    # Shown as soon as it is typed: the engine's own message (GenerationConfig.validate) under the field.
+    assert "temperature=0.0 is outside (0.0, inf]" in g.field_error("temperature")
+    n_before = len(w.current.messages)
+    w.input.setFocus()
+    qtbot.keyClicks(w.input, "keep me")
+    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert len(w.current.messages) == n_before  # not sent
+    assert w.input.toPlainText() == "keep me"
+    assert "Generation panel" in w.state_label.text()
+    assert not w.error_banner.isVisible()
+    g.temperature.setValue(0.7)
+    assert g.field_error("temperature") == ""
+    with qtbot.waitSignal(w.controller.finished, timeout=10000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert w.current.messages[-1].status == DONE and w.input.toPlainText() == ""
+
+
+def test_markov_head_k_only_for_drafts_with_a_head(make_window, qtbot, model_dirs):
+    w = make_window()  # a DFlash v1 draft: no head
+    g = w.gen_panel
+    assert not g.form.isRowVisible(g._rows["markov_head_top_k"])
+    assert g.config(with_draft=True).markov_head_top_k is None
+    w.close()
+
+    w = make_window({"draft_variant": "dspark", "draft_head_top_k": 8, "confidence": True})
+    g = w.gen_panel
+    assert w.engine_info.draft_variant == "dspark" and w.engine_info.draft_has_head
+    assert g.form.isRowVisible(g._rows["markov_head_top_k"])
+    assert "default (8)" in g.markov_top_k.specialValueText()
+    assert "dense Markov walk" in g.markov_head_top_k_note.text()
+    assert g.config(with_draft=True).markov_head_top_k is None  # the draft's default
+    g.markov_top_k.setValue(4)
+    g.max_new_tokens.setValue(30)
+    with qtbot.waitSignal(w.controller.finished, timeout=10000):
+        _type_and_send(w, qtbot, "hi")
+    assert w.controller._worker._pipe.configs[-1].markov_head_top_k == 4
+    st = w.current.messages[-1].stats
+    assert st["variant"] == "dspark" and st["markov_head_top_k"] == 4
+    assert "(dspark, K=4)" in w.chat.toPlainText()
+    # The draft's confidence per block position is drawn over the acceptance bars.
+    assert w.plots.conf_n.any() and "confidence" in w.plots.p_accept.getPlotItem().titleLabel.text
+
+
+def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
+    """DFlash v2 refuses markov_head_top_k=0 in add_request: the turn is taken back, the text returns."""
+    w = make_window({"draft_variant": "dflash_v2", "draft_head_top_k": 8})
+    g = w.gen_panel
+    assert "selector" in g.markov_head_top_k_note.text()
+    g.markov_top_k.setValue(0)
+    assert g.field_error("markov_head_top_k") == ""  # only the engine knows this draft cannot
+    n_before = len(w.current.messages)
+    with qtbot.waitSignal(w.controller.failed, timeout=10000):
+        _type_and_send(w, qtbot, "dense please")
+    assert len(w.current.messages) == n_before
+    assert w.input.toPlainText() == "dense please"
+    assert "markov_head_top_k=0" in g.field_error("markov_head_top_k")
+    assert "dense please" not in w.chat.toPlainText()
+    assert not w.streams and w.send_button.isEnabled()
+    g.markov_top_k.setValue(8)
+    with qtbot.waitSignal(w.controller.finished, timeout=10000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert w.current.messages[-1].status == DONE
+    assert g.field_error("markov_head_top_k") == ""
