@@ -84,9 +84,12 @@ def test_prepared_target_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         raise AssertionError("a prepared folder must not be rebuilt")
 
     monkeypatch.setattr(prepare, "find_gguf", no_build)
+    drafts_for: list[Path] = []
+    monkeypatch.setattr(prepare, "prepare_drafts", lambda t, force, progress: drafts_for.append(t))
     messages: list[tuple[str, float]] = []
     assert prepare.prepare_default(progress=lambda m, f: messages.append((m, f))) == target
     assert messages and messages[-1][1] == 1.0
+    assert drafts_for == [target]  # shipped drafts are still brought up to date
 
 
 @pytest.mark.parametrize("case", ["other_format", "force", "partial"])

@@ -58,3 +58,20 @@ def test_shipped_draft_is_exact_and_accepted(tmp_path, smollm2_target, reference
         assert out.token_ids == ref
         steps.append(out.metrics.tokens_per_step)
     assert np.mean(steps) > 1.5, steps  # a trained draft must get tokens accepted
+
+
+def test_prepare_exports_shipped_drafts_once_and_names_the_default(tmp_path, monkeypatch, smollm2_target) -> None:
+    from engine import prepare
+
+    if not SHIPPED:
+        pytest.skip("no draft is shipped in resources/drafts")
+    monkeypatch.setenv("DFLASH_STUDIO_HOME", str(tmp_path))
+    first = prepare.prepare_drafts(smollm2_target)
+    assert [d.name for d in first] == [s.name for s in SHIPPED]
+    from engine.paths import default_drafts_dir
+
+    best = (default_drafts_dir() / "best.txt").read_text().strip()
+    assert best in {d.name for d in first}
+    stamp = {d: (d / "openvino_model.bin").stat().st_mtime_ns for d in first}
+    assert prepare.prepare_drafts(smollm2_target) == first  # reused, not exported again
+    assert all((d / "openvino_model.bin").stat().st_mtime_ns == t for d, t in stamp.items())
