@@ -215,10 +215,10 @@ def test_a_failed_export_says_why_and_leaves_nothing(dialogs, qtbot, tmp_path, t
 # ---- wiring into the main window -----------------------------------------------------------------
 def test_file_menu_import_adds_to_the_lists(make_window, qtbot, tiny_qwen3_target, tiny_qwen3_drafts):
     from app import settings as S
-    from app.models.import_action import ACTION_TEXT, add_imported_model, install_import_action, open_import_dialog
+    from app.models.import_action import ACTION_TEXT, add_imported_model, open_import_dialog
 
     w = make_window(load=False)
-    act = install_import_action(w)
+    act = w.act_import_hf  # MainWindow installs it (app.models.import_action.install_import_action)
     file_menu = w.menuBar().actions()[0].menu()
     assert act in file_menu.actions() and act.text() == ACTION_TEXT
     assert file_menu.actions().index(act) < file_menu.actions().index(w.act_prepare)
