@@ -143,9 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
 
-    def model_args(sp: argparse.ArgumentParser) -> None:
+    def model_args(sp: argparse.ArgumentParser, several_drafts: bool = False) -> None:
         sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
-        sp.add_argument("--draft", help="draft folder, or 'none' for the target alone (default: the best prepared draft)")
+        if several_drafts:
+            sp.add_argument("--draft", nargs="+", default=None, metavar="DIR",
+                            help="draft folders to compare (default: the best prepared draft; 'none' for the "
+                                 "target alone only)")
+        else:
+            sp.add_argument("--draft", help="draft folder, or 'none' for the target alone (default: the best "
+                                             "prepared draft)")
         sp.add_argument("--device", default="CPU", help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
         sp.add_argument("--precision", choices=["default", "f32"], default="default",
                         help="f32 pins exact inference (f32, f32 KV cache, no dynamic quantization)")
@@ -174,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")
-    model_args(b)
-    b.set_defaults(draft=None)
+    model_args(b, several_drafts=True)
     from engine.bench.runner import add_bench_args
 
     add_bench_args(b)

@@ -703,14 +703,7 @@ def csv_table(rows: list[Row]) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    # `--draft` takes several folders here; engine/cli.py's shared model options define it as one.
-    help_ = "draft folders to compare (default: the best prepared draft; 'none' for the target alone only)"
-    existing = getattr(p, "_option_string_actions", {}).get("--draft")
-    if existing is None:
-        p.add_argument("--draft", nargs="+", default=None, metavar="DIR", help=help_)
-    else:
-        existing.nargs, existing.metavar, existing.help, existing.default = "+", "DIR", help_, None
-    p.add_argument("--extra-draft", action="append", default=[], help=argparse.SUPPRESS)
+    """The bench's own options (engine/cli.py adds --target, --draft DIR..., --device, --precision)."""
     p.add_argument("--dataset", default="smoke",
                    help="humaneval | mt-bench | a set in resources/prompts (smoke, ...) | FILE.jsonl")
     p.add_argument("--prompts", type=int, default=4, help="number of prompts (0: the whole set)")
@@ -740,7 +733,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     chosen = [args.draft] if isinstance(args.draft, str) else list(args.draft or [])
     ns = argparse.Namespace(target=args.target, draft=("none" if chosen else None))
     target, default_draft = _resolve_models(ns)
-    drafts = [Path(d) for d in chosen if d.lower() != "none"] + [Path(x) for x in args.extra_draft]
+    drafts = [Path(d) for d in chosen if d.lower() != "none"]
     if not chosen and default_draft is not None:
         drafts.insert(0, default_draft)
     decodings: list[Decoding] = []
