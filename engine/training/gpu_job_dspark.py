@@ -1,0 +1,700 @@
+"""Train a DSpark draft (DFlash backbone + Markov head, spec §3) for a target from its own answers.
+
+The DSpark sibling of engine/training/gpu_job.py (DFlash v1): the same data path (the target's
+greedy answers, its tapped features stored flat on the device, random anchors inside the answer,
+blocks packed with the DFlash block mask), with DSpark's layout and heads:
+
+* "sample from anchor" (candidate offset 0): the block [anchor, MASK x (B-1)] gives B candidate
+  rows, row k predicting the token k+1 places after the anchor, so block 8 proposes up to 8
+  candidates and n candidates need a block of n rows;
+* a Markov head (vanilla or gated, rank r) adds W2 W1[x_{k-1}] (gated: modulated by h_k) to the
+  unary logits U_k = lm_head(h_k); it is trained teacher-forced (x_{k-1} = the answer's token, the
+  anchor for row 0), as DeepSpec does;
+* an optional confidence head (BCE towards the probability its row's token is accepted).
+
+Loss per live row, weighted by exp(-k/gamma) (k = 0 for the first candidate):
+    CE(U + B, y) + tv_weight * ||softmax(U + B) - onehot(y)||_1 + unary_weight * CE(U, y)
+  + conf_weight * BCE(confidence, p(y))   (the confidence head reads detached h and W1[x_{k-1}]).
+For a greedy target the target distribution is one-hot, so DSpark's distance term is
+2 (1 - p(y)) (no target logits needed); the unary CE keeps the backbone usable without the head
+(the "no head" walk) and keeps the Top-K scorer's candidates (top-K of U) good.
+
+The backbone can be warm-started from a DFlash v1 draft of the same shape (`--init-backbone`):
+same tensor names, but v1's row k predicts anchor+k while DSpark's predicts anchor+k+1, so the
+weights are an initialisation only (the attention over the target context carries over).
+
+Held-out acceptance replays the greedy decode on the target's fixed answers for every anchor of
+each held-out answer, with the engine's three walks (docs/draft-contract.md; the torch
+references are engine/export/dspark.lattice_walk): "none" (argmax of U), "topk" (Top-K scorer,
+K candidates of U per row re-ranked with the head's edge bias, greedy path) and "dense" (the dense
+Markov walk), for n candidates each.
+
+    python -m engine.training.gpu_job_dspark --target smollm2 --data-cache answers.jsonl.gz --out OUT \
+        --init-backbone resources/drafts/smollm2-dflash-b8
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+
+def _stub_openvino_if_missing() -> None:
+    """engine.export.dspark imports openvino for its IR export, which training never calls; the GPU
+    machine has no openvino, so an empty stand-in lets the torch modules load there."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        import types
+
+        ov = types.ModuleType("openvino")
+        ov.opset13 = types.ModuleType("openvino.opset13")  # type: ignore[attr-defined]
+        sys.modules["openvino"], sys.modules["openvino.opset13"] = ov, ov.opset13  # type: ignore[attr-defined]
+
+
+_stub_openvino_if_missing()
+
+from engine.export.dflash_v1 import load_checkpoint as load_v1_checkpoint  # noqa: E402
+from engine.export.dspark import DSparkDraft, load_dspark_checkpoint, random_dspark_config, save_dspark_checkpoint
+from engine.export.markov_head import HEAD_GATED, HEAD_VANILLA
+from engine.training.dflash_train import packed_inputs, target_weights
+from engine.training.gpu_job import (
+    FileLog,
+    FlatData,
+    Log,
+    build_flat_data,
+    generate_answers,
+    load_data_tokens,
+    lr_factor,
+    replay,
+    sample_anchors_varlen,
+    save_data_tokens,
+    split_file,
+)
+from engine.training.target_loader import load_target
+
+WALKS = ("none", "topk", "dense")
+BACKBONE_PREFIXES = ("fc.", "hidden_norm.", "layers.", "norm.")
+
+
+# --------------------------------------------------------------------------------------------
+# The draft
+# --------------------------------------------------------------------------------------------
+def new_dspark_draft(target_config: dict[str, Any], layers: int, block_size: int, taps: Sequence[int], mask_id: int,
+                     rank: int, head_type: str, confidence: bool, confidence_with_markov: bool,
+                     num_anchors: int) -> tuple[DSparkDraft, dict[str, Any]]:
+    """A fresh DSpark draft; a Markov head starts as a zero bias (W2 = 0, W1 ~ N(0, 1/r)), so that a
+    warm-started backbone's logits are unchanged at step 0 and the head learns a residual."""
+    cfg = random_dspark_config(target_config, layers, block_size, taps, mask_id, markov_rank=rank,
+                               markov_head_type=head_type, enable_confidence_head=confidence,
+                               confidence_head_with_markov=confidence_with_markov, num_anchors=num_anchors)
+    draft = DSparkDraft(cfg)
+    if draft.markov_head is not None:
+        with torch.no_grad():
+            draft.markov_head.markov_w1.weight.normal_(0.0, rank ** -0.5)
+            draft.markov_head.markov_w2.weight.zero_()
+    return draft, cfg
+
+
+def init_backbone_from_v1(draft: DSparkDraft, v1_dir: Path) -> dict[str, Any]:
+    """Copy a DFlash v1 draft's backbone (fc, hidden_norm, layers, norm) into `draft`: same tensor
+    names and shapes are required (same target, layers, taps, MLP width); the block layout differs
+    (v1 offset 1, DSpark offset 0), so this is an initialisation, not a conversion."""
+    v1, v1_cfg = load_v1_checkpoint(Path(v1_dir))
+    a, b = v1.cfg, draft.cfg
+    for field in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "target_layer_ids", "mask_token_id"):
+        if getattr(a, field) != getattr(b, field):
+            raise ValueError(f"{v1_dir}: {field} {getattr(a, field)!r} differs from the DSpark draft's {getattr(b, field)!r}")
+    src = v1.state_dict()
+    own = draft.state_dict()
+    keys = [k for k in own if k.startswith(BACKBONE_PREFIXES)]
+    missing = [k for k in keys if k not in src or src[k].shape != own[k].shape]
+    if missing:
+        raise ValueError(f"{v1_dir}: backbone tensors missing or misshapen: {missing[:4]}")
+    draft.load_state_dict({k: src[k] for k in keys}, strict=False)
+    return {"from": str(v1_dir), "tensors": len(keys), "v1_block_size": v1_cfg.get("block_size")}
+
+
+def head_parameters(draft: DSparkDraft) -> list[torch.nn.Parameter]:
+    mods = [m for m in (draft.markov_head, draft.confidence_head) if m is not None]
+    return [p for m in mods for p in m.parameters()]
+
+
+# --------------------------------------------------------------------------------------------
+# Loss of one packed batch
+# --------------------------------------------------------------------------------------------
+@dataclass
+class LossWeights:
+    gamma: float = 4.0
+    tv: float = 0.5  # DSpark's distribution distance (one-hot target: 2 (1 - p(y)))
+    unary: float = 0.3  # CE of the backbone's own logits U (no-head walk, Top-K candidate quality)
+    confidence: float = 1.0
+
+
+def dspark_batch_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
+                      embed: torch.Tensor, lm_head: torch.Tensor, w: LossWeights,
+                      block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Blocks [x_a, MASK x (B-1)] at `anchors` [b, A] (offset 0: row k predicts x_{a+k+1}); rows past
+    a block's length (block_lens, 1..B) are hidden from its other rows and carry no loss. Only live
+    rows go through the lm_head. Returns (loss, detached parts)."""
+    c = draft.cfg
+    bsz, n_anchor = anchors.shape
+    blk = c.block_size
+    dev = tokens.device
+    batch = packed_inputs(tokens, feats, anchors, blk, c.mask_token_id, embed, block_lens)
+    batch.pop("labels"), batch.pop("label_weights")
+    offs = torch.arange(blk, device=dev)
+    labels = tokens.gather(1, (anchors[:, :, None] + 1 + offs).view(bsz, -1)).view(bsz, n_anchor, blk)
+    prev = torch.cat([tokens.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)  # teacher forcing
+    h = draft.forward_packed(**batch).view(bsz, n_anchor, blk, -1)
+    decay = torch.exp(-offs.float() / w.gamma).expand(bsz, n_anchor, blk)
+    if block_lens is not None:
+        live = offs[None, None, :] < block_lens[:, :, None]
+        h, labels, prev, decay = h[live], labels[live], prev[live], decay[live]
+    else:
+        h, labels, prev, decay = h.flatten(0, 2), labels.flatten(), prev.flatten(), decay.flatten()
+    u = draft.unary_logits(h, lm_head)
+    logits = u + draft.dense_bias(prev, h) if draft.markov_head is not None else u
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    norm = decay.sum().clamp(min=1e-8)
+    parts = {"ce": (ce * decay).sum() / norm}
+    loss = parts["ce"]
+    p_label = torch.exp(-ce)
+    if w.tv:
+        parts["tv"] = (2 * (1 - p_label) * decay).sum() / norm
+        loss = loss + w.tv * parts["tv"]
+    if w.unary and draft.markov_head is not None:
+        parts["ce_unary"] = (F.cross_entropy(u.float(), labels, reduction="none") * decay).sum() / norm
+        loss = loss + w.unary * parts["ce_unary"]
+    if draft.confidence_head is not None and w.confidence:
+        # a probe on detached features: its BCE never pulls the backbone or W1 away from acceptance
+        feats_c = h.detach()
+        if draft.dspark.confidence_head_with_markov:
+            feats_c = torch.cat([feats_c, draft.markov_head.prev_embeddings(prev).detach().to(h.dtype)], dim=-1)
+        conf_logit = draft.confidence_head(feats_c).float()
+        parts["conf"] = F.binary_cross_entropy_with_logits(conf_logit, p_label.detach())
+        loss = loss + w.confidence * parts["conf"]
+    return loss, {k: v.detach() for k, v in parts.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+@dataclass
+class DSparkTrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    num_anchors: int = 192
+    lr: float = 4e-4
+    head_lr_mult: float = 5.0  # the fresh heads learn faster than a warm-started backbone
+    min_lr_ratio: float = 0.05
+    warmup: int = 100
+    short_block_frac: float = 0.25  # blocks trained at a random shorter length (1..B rows)
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True
+    time_budget_s: float | None = None
+    save_every: int = 1000
+    log_every: int = 100
+
+
+def train_dspark(draft: DSparkDraft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor,
+                 lm_head: torch.Tensor, cfg: DSparkTrainConfig, weights: LossWeights, ckpt_path: Path | None = None,
+                 resume: bool = False, log: Log = print) -> dict[str, Any]:
+    """Train in place (AdamW, warmup + cosine over min(steps, time budget), bf16 autocast on GPU).
+    A CUDA out-of-memory step halves the anchors per sequence and goes on. Returns a summary."""
+    dev = embed.device
+    c = draft.cfg
+    blk = c.block_size
+    draft.to(dev).train()
+    head_ids = {id(p) for p in head_parameters(draft)}
+    groups = [{"params": [p for p in draft.parameters() if id(p) not in head_ids], "mult": 1.0}]
+    if head_ids:
+        groups.append({"params": head_parameters(draft), "mult": cfg.head_lr_mult})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+                            **({"fused": True} if dev.type == "cuda" else {}))
+    state: dict[str, Any] = {"step": 0, "progress": 0.0, "seconds": 0.0, "losses": []}
+    if resume and ckpt_path is not None and ckpt_path.is_file():
+        ck = torch.load(ckpt_path, map_location=dev, weights_only=False)
+        draft.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        state = {k: ck[k] for k in state}
+        log(f"resumed from {ckpt_path} at step {state['step']}")
+    span = blk + 1  # an offset-0 block's labels reach B tokens past the anchor
+    rows = train_rows[(data.gen_lens[train_rows.to(data.gen_lens.device)] >= span).cpu()].cpu()
+    if rows.numel() == 0:
+        raise ValueError(f"no training answer has >= {span} tokens")
+    gen = torch.Generator().manual_seed(cfg.seed * 1000003 + state["step"])
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+    n_anchor = cfg.num_anchors
+    start_step, p0 = state["step"], state["progress"]
+    t_start = time.perf_counter()
+    run: dict[str, float] = {}
+    run_n = 0
+
+    def save() -> None:
+        if ckpt_path is None:
+            return
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), **state,
+                    "seconds": state["seconds"] + time.perf_counter() - t_start}, tmp)
+        tmp.replace(ckpt_path)
+
+    while state["step"] < cfg.steps:
+        elapsed = time.perf_counter() - t_start
+        p_time = p0 + (1 - p0) * elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0
+        state["progress"] = max(state["progress"], state["step"] / cfg.steps, p_time)
+        if state["progress"] >= 1.0:
+            break
+        lr = cfg.lr * lr_factor(state["step"], state["progress"], cfg.warmup, cfg.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr * g["mult"]
+        pick = rows[torch.randint(0, rows.numel(), (min(cfg.batch_size, rows.numel()),), generator=gen)]
+        toks, feats = data.rows(pick)
+        pd = pick.to(data.prompt_lens.device)
+        anchors = sample_anchors_varlen(data.prompt_lens[pd], data.gen_lens[pd], span, n_anchor, gen)
+        lens = None
+        if cfg.short_block_frac > 0:
+            short = torch.rand(anchors.shape, generator=gen) < cfg.short_block_frac
+            lens = torch.where(short, torch.randint(1, blk + 1, anchors.shape, generator=gen), blk).to(dev)
+        try:
+            with amp:
+                loss, parts = dspark_batch_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        except torch.OutOfMemoryError:
+            if n_anchor <= 16:
+                raise
+            opt.zero_grad(set_to_none=True)
+            loss = parts = None
+            torch.cuda.empty_cache()
+            n_anchor //= 2
+            log(f"out of memory at step {state['step']}: {n_anchor} anchors per sequence from now on")
+            continue
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
+        opt.step()
+        state["step"] += 1
+        for k, v in {"loss": loss.detach(), **parts}.items():
+            run[k] = run.get(k, 0.0) + v.float()
+        run_n += 1
+        if state["step"] % cfg.log_every == 0 or state["step"] == start_step + 1:
+            means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
+            run, run_n = {}, 0
+            state["losses"].append((state["step"], means["loss"], means))
+            now = time.perf_counter() - t_start
+            rate = (state["step"] - start_step) / max(now, 1e-9)
+            mem = f", {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB peak" if dev.type == "cuda" else ""
+            log(f"step {state['step']}: " + " ".join(f"{k} {v:.4f}" for k, v in means.items())
+                + f" lr {lr:.2e} progress {state['progress']:.3f} ({rate:.2f} steps/s, {now:.0f}s{mem})")
+        if cfg.save_every and state["step"] % cfg.save_every == 0:
+            save()
+    if run_n:
+        means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
+        state["losses"].append((state["step"], means["loss"], means))
+    state["seconds"] += time.perf_counter() - t_start
+    save()
+    draft.eval()
+    log(f"training: {state['step'] - start_step} steps this run ({state['step']} total) in "
+        f"{time.perf_counter() - t_start:.1f}s, {n_anchor} anchors per sequence at the end")
+    return {"steps": state["step"], "steps_this_run": state["step"] - start_step, "seconds": round(state["seconds"], 1),
+            "losses": state["losses"], "progress": state["progress"], "anchors_final": n_anchor}
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy walks over a batch of blocks (the batched form of engine.export.dspark.lattice_walk)
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def walk_blocks(draft: DSparkDraft, h: torch.Tensor, unary: torch.Tensor, anchor_ids: torch.Tensor, mode: str,
+                top_k: int) -> torch.Tensor:
+    """h [M, n, H], unary [M, n, V] (float32), anchor_ids [M] -> drafted tokens [M, n] for one walk."""
+    m, n, _ = unary.shape
+    if mode == "none" or draft.markov_head is None:
+        return unary.argmax(-1)
+    if mode == "topk":
+        vals, cand = torch.topk(unary, top_k, dim=-1)  # [M, n, K], best first
+        pred = torch.empty_like(cand)
+        pred[:, 0] = anchor_ids[:, None]
+        pred[:, 1:] = cand[:, :-1]
+        edge = draft.edge_bias(pred.reshape(m * n, top_k), cand.reshape(m * n, top_k), h.reshape(m * n, -1))
+        energy = vals[:, :, None, :] + edge.view(m, n, top_k, top_k).float()  # [M, n, K(pred), K(cand)]
+        ar = torch.arange(m, device=h.device)
+        prev = torch.zeros(m, dtype=torch.long, device=h.device)  # row 0: every predecessor is the anchor
+        out = []
+        for p in range(n):
+            j = energy[ar, p, prev].argmax(-1)
+            out.append(cand[ar, p, j])
+            prev = j
+        return torch.stack(out, 1)
+    if mode == "dense":
+        prev = anchor_ids
+        out = []
+        for p in range(n):
+            logits = unary[:, p] + draft.dense_bias(prev, h[:, p]).float()
+            prev = logits.argmax(-1)
+            out.append(prev)
+        return torch.stack(out, 1)
+    raise ValueError(f"mode must be one of {', '.join(WALKS)}, got {mode!r}")
+
+
+@torch.no_grad()
+def accepted_lengths_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[int], n_cand: int,
+                            embed: torch.Tensor, lm_head: torch.Tensor, modes: Sequence[str], top_k: int, bf16: bool,
+                            max_blocks: int = 4096) -> dict[str, list[torch.Tensor]]:
+    """For every anchor a in [P, P+G-1-n] of each row: how many of the n candidates each walk drafts
+    (block [x_a, MASK x (n-1)], context = the target's features of positions < a) match the answer.
+    Rows are batched; returns {mode: [accepted [G-n] per row]}."""
+    dev = embed.device
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    w_head = lm_head.float()
+    out: dict[str, list[torch.Tensor]] = {m: [] for m in modes}
+    idx = torch.tensor(list(rows), dtype=torch.long)
+    toks, feats = data.rows(idx)
+    p_all = data.prompt_lens[idx.to(data.prompt_lens.device)].to(dev)
+    counts = (data.gen_lens[idx.to(data.gen_lens.device)].to(dev) - n_cand).clamp(min=0)
+    n_max = int(counts.max()) if counts.numel() else 0
+    per_mode: dict[str, list[torch.Tensor]] = {m: [] for m in modes}
+    step = max(1, max_blocks // max(1, len(rows)))
+    for s in range(0, n_max, step):
+        j = torch.arange(s, min(n_max, s + step), device=dev)
+        anchors = p_all[:, None] + torch.minimum(j[None, :], (counts - 1).clamp(min=0)[:, None])  # [b, A]
+        batch = packed_inputs(toks, feats, anchors, n_cand, draft.cfg.mask_token_id, embed)
+        batch.pop("labels"), batch.pop("label_weights")
+        with amp:
+            h = draft.forward_packed(**batch)
+        b, a = anchors.shape
+        h = h.float().view(b * a, n_cand, -1)
+        labels = toks.gather(1, (anchors[:, :, None] + 1 + torch.arange(n_cand, device=dev)).view(b, -1))
+        labels = labels.view(b * a, n_cand)
+        anchor_ids = toks.gather(1, anchors).view(-1)
+        unary = h @ w_head.T
+        for m in modes:
+            drafted = walk_blocks(draft, h, unary, anchor_ids, m, top_k)
+            per_mode[m].append((drafted == labels).long().cumprod(-1).sum(-1).view(b, a))
+        del unary, h
+    for m in modes:
+        acc = torch.cat(per_mode[m], 1) if per_mode[m] else torch.zeros(len(rows), 0, dtype=torch.long, device=dev)
+        out[m] = [acc[i, : int(counts[i])] for i in range(len(rows))]
+    return out
+
+
+@torch.no_grad()
+def heldout_acceptance_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[int], embed: torch.Tensor,
+                              lm_head: torch.Tensor, cands: Sequence[int], modes: Sequence[str] = WALKS,
+                              top_k: int = 8, bf16: bool = True, rows_per_pass: int = 16) -> dict[str, Any]:
+    """τ (tokens per target step: accepted drafts + the target's own token) of the greedy decode
+    replayed on held-out answers, per walk and number of candidates, overall and per kind, with
+    P(candidate k accepted | 1..k-1 accepted)."""
+    draft.eval()
+    modes = [m for m in modes if m == "none" or draft.markov_head is not None]
+    res: dict[str, Any] = {}
+    for n in cands:
+        keep = [r for r in rows if int(data.gen_lens[r]) >= n + 2]
+        tally = {m: ({}, [0] * (n + 1)) for m in modes}
+        for s in range(0, len(keep), rows_per_pass):
+            group = keep[s : s + rows_per_pass]
+            accs = accepted_lengths_dspark(draft, data, group, n, embed, lm_head, modes, top_k, bf16)
+            for m in modes:
+                by_kind, hist = tally[m]
+                for r, acc in zip(group, accs[m]):
+                    rounds, toks, per = replay(acc, int(data.prompt_lens[r]))
+                    for a in per:
+                        hist[a] += 1
+                    for kind in (data.kinds[r], "all"):
+                        k = by_kind.setdefault(kind, [0, 0])
+                        k[0] += rounds
+                        k[1] += toks
+        res_n = {}
+        for m in modes:
+            by_kind, hist = tally[m]
+            cond = []
+            for k in range(1, n + 1):
+                reached = sum(hist[k - 1 :])
+                cond.append(round(sum(hist[k:]) / reached, 4) if reached else None)
+            res_n[m] = {
+                "tokens_per_step": {kind: round(t / max(1, r_), 4) for kind, (r_, t) in sorted(by_kind.items())},
+                "rounds": {kind: r_ for kind, (r_, _) in sorted(by_kind.items())},
+                "accepted_hist": hist,
+                "conditional_acceptance": cond,
+            }
+        res[str(n)] = res_n
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+def ship_dspark(draft: DSparkDraft, config: dict[str, Any], folder: Path, dtype: torch.dtype,
+                extra: dict[str, Any]) -> Path:
+    """config.json (DeepSpec layout) + model.safetensors in `dtype` (no embedding / lm_head copies: the
+    engine grafts the target's) + training.json."""
+    save_dspark_checkpoint(copy.deepcopy(draft).to("cpu", dtype), config, folder)
+    (Path(folder) / "training.json").write_text(json.dumps(extra, indent=1) + "\n", encoding="utf-8")
+    return Path(folder)
+
+
+def safetensors_bytes(vocab: int, hidden: int, n_params_backbone: int, rank: int, confidence: int) -> int:
+    """fp16 payload bytes of a DSpark draft (header excluded): backbone + W1, W2 [V, r] + confidence."""
+    return 2 * (n_params_backbone + 2 * vocab * rank + confidence)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Train a DSpark draft (DFlash backbone + Markov head) from the "
+                                 "target's own answers.")
+    ap.add_argument("--target", default="smollm2", help="'smollm2', a .gguf, a HF folder, or 'random:smollm2'")
+    ap.add_argument("--prompts", help="JSONL(.gz) from engine.training.corpus; without it the rows (and their "
+                    "order: the first --heldout are held out) come from --data-cache")
+    ap.add_argument("--data-cache", required=True, help="answers JSONL.gz (gpu_job's format): read when present, "
+                    "written after generation otherwise")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", help="checkpoints (default: --out)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-prompts", type=int, default=0)
+    ap.add_argument("--heldout", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--gen-until", type=float, default=0, help="stop starting generation batches after this many "
+                    "seconds from the job's start (0 = no limit)")
+    ap.add_argument("--feature-tokens", type=int, default=131072)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=8, help="rows incl. the anchor = candidates per block")
+    ap.add_argument("--taps", default="1,8,15,22,27")
+    ap.add_argument("--mask-token-id", type=int, default=-1)
+    ap.add_argument("--markov-rank", type=int, default=12)
+    ap.add_argument("--head", default=HEAD_VANILLA, choices=(HEAD_VANILLA, HEAD_GATED, "none"))
+    ap.add_argument("--confidence", default="markov", choices=("none", "hidden", "markov"),
+                    help="confidence head: none, on h alone, or on [h ; W1[prev]] (DeepSpec's)")
+    ap.add_argument("--init-backbone", help="a DFlash v1 draft folder of the same shape to warm-start the backbone")
+    ap.add_argument("--init-from", help="a DSpark draft folder to start from (all weights)")
+    ap.add_argument("--resume", action="store_true", help="continue from WORK/ckpt.pt")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--anchors", type=int, default=192)
+    ap.add_argument("--lr", type=float, default=4e-4)
+    ap.add_argument("--head-lr-mult", type=float, default=5.0)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--gamma", type=float, default=4.0)
+    ap.add_argument("--tv-weight", type=float, default=0.5)
+    ap.add_argument("--unary-weight", type=float, default=0.3)
+    ap.add_argument("--conf-weight", type=float, default=1.0)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--short-block-frac", type=float, default=0.25)
+    ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds from the job's start by which everything is "
+                    "saved; training stops --reserve seconds before it")
+    ap.add_argument("--reserve", type=float, default=45)
+    ap.add_argument("--save-every", type=int, default=1000)
+    ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--eval-rows", type=int, default=256)
+    ap.add_argument("--eval-cands", default="3,5,7,8")
+    ap.add_argument("--eval-top-k", type=int, default=8)
+    ap.add_argument("--ship-dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--max-mb", type=float, default=20.0, help="refuse to train a draft whose weights would not fit")
+    ap.add_argument("--split-mib", type=float, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+@dataclass
+class _Row:
+    id: str
+    kind: str
+    ids: list[int]
+
+
+def _rows(args: argparse.Namespace, cache: Path) -> list[_Row]:
+    if args.prompts:
+        from engine.training.corpus import read_rows
+
+        rows = [_Row(r.id, r.kind, list(r.ids)) for r in read_rows(Path(args.prompts)) if r.ids]
+    else:
+        if not cache.is_file():
+            raise SystemExit(f"{cache} does not exist and no --prompts were given")
+        rows = [_Row(k, d["kind"], list(d["ids"])) for k, d in load_data_tokens(cache).items()]
+    return rows[: args.max_prompts] if args.max_prompts else rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    t_job = time.time()
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work) if args.work else out
+    work.mkdir(parents=True, exist_ok=True)
+    log = FileLog(out / "log.txt")
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    torch.manual_seed(args.seed)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        log(f"device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
+    else:
+        log(f"device: cpu, torch {torch.__version__}")
+    import transformers
+
+    metrics: dict[str, Any] = {"args": vars(args), "versions": {"torch": torch.__version__,
+                                                                 "transformers": transformers.__version__}}
+    target, info = load_target(args.target, torch.float32, dev)
+    tcfg = target.config.to_dict()
+    log(f"target {args.target}: {target.config.num_hidden_layers} layers, hidden {target.config.hidden_size}, "
+        f"vocab {target.config.vocab_size} ({time.time() - t_job:.1f}s)")
+    taps = [int(x) for x in args.taps.split(",")]
+    mask_id = args.mask_token_id if args.mask_token_id >= 0 else info.mask_id
+    if mask_id is None:
+        raise SystemExit("no MASK token known for this target: pass --mask-token-id")
+
+    # ---- the draft first: refuse a size that would not ship before spending time on data
+    rank = 0 if args.head == "none" else args.markov_rank
+    if args.init_from:
+        draft, dcfg = load_dspark_checkpoint(Path(args.init_from))
+        log(f"draft initialised from {args.init_from}")
+    else:
+        draft, dcfg = new_dspark_draft(tcfg, args.layers, args.block_size, taps, mask_id, rank,
+                                       args.head if rank else HEAD_VANILLA, args.confidence != "none",
+                                       args.confidence == "markov", args.anchors)
+        if args.init_backbone:
+            metrics["init_backbone"] = init_backbone_from_v1(draft, Path(args.init_backbone))
+            log(f"backbone warm-started from the DFlash v1 draft {args.init_backbone}")
+    n_params = sum(p.numel() for p in draft.parameters())
+    est_mb = n_params * 2 / 1e6
+    log(f"draft: DSpark, {dcfg['num_hidden_layers']} layers, block {dcfg['block_size']} (offset 0), taps {taps}, "
+        f"mask {mask_id}, Markov head {dcfg.get('markov_head_type', 'none')} rank {dcfg['markov_rank']}, confidence "
+        f"{'with markov' if dcfg['confidence_head_with_markov'] else dcfg['enable_confidence_head']}, "
+        f"{n_params / 1e6:.2f}M parameters (~{est_mb:.2f} MB fp16)")
+    if args.ship_dtype != "float32" and est_mb >= args.max_mb:
+        raise SystemExit(f"the draft would take {est_mb:.2f} MB > --max-mb {args.max_mb}: lower --markov-rank")
+
+    # ---- rows, answers
+    cache = Path(args.data_cache)
+    rows = _rows(args, cache)
+    n_held = min(args.heldout, max(1, len(rows) // 10))
+    held, train_rows = rows[:n_held], rows[n_held:]
+    answers: dict[str, list[int]] = {}
+    if cache.is_file():
+        answers = {k: v["answer"] for k, v in load_data_tokens(cache).items()}
+        log(f"answers: {len(answers)} read from {cache}")
+    todo_held = [r for r in held if r.id not in answers]
+    todo_train = [r for r in train_rows if r.id not in answers]
+    if todo_held or todo_train:
+        t0 = time.time()
+        for group, deadline in ((todo_held, None), (todo_train, (t_job + args.gen_until) if args.gen_until else None)):
+            if group:
+                got = generate_answers(target, [r.ids for r in group], args.new_tokens, args.gen_batch, info.eos_id,
+                                       info.pad_id, deadline, log, args.seed)
+                answers.update({r.id: a for r, a in zip(group, got) if a is not None})
+        metrics["generation"] = {"seconds": round(time.time() - t0, 1)}
+        save_data_tokens(cache, [r.ids for r in held + train_rows], [answers.get(r.id) for r in held + train_rows],
+                         [r.id for r in held + train_rows], [r.kind for r in held + train_rows])
+    held = [r for r in held if r.id in answers]
+    train_rows = [r for r in train_rows if r.id in answers]
+    all_rows = held + train_rows
+    log(f"answers: {len(all_rows)} used ({len(held)} held out, {sum(r.kind == 'code' for r in all_rows)} code)")
+
+    # ---- features
+    feat_dtype = torch.bfloat16 if (dev.type == "cuda" and not args.no_bf16) else torch.float32
+    data, fstats = build_flat_data(target, [r.ids for r in all_rows], [answers[r.id] for r in all_rows],
+                                   [r.kind for r in all_rows], taps, args.feature_tokens, feat_dtype, log)
+    metrics["data"] = {**fstats, "prompts_train": len(train_rows), "prompts_heldout": len(held),
+                       "answer_tokens_mean": round(float(data.gen_lens.float().mean()), 1)}
+    embed, lm_head = target_weights(target)
+    embed, lm_head = embed.to(dev), lm_head.to(dev)
+    n_layers_t = target.config.num_hidden_layers
+    del target
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    (work / "draft_config.json").write_text(json.dumps(dcfg, indent=1), encoding="utf-8")
+
+    # ---- training
+    budget = None
+    if args.deadline:
+        budget = t_job + args.deadline - args.reserve - time.time()
+        log(f"training time budget: {budget:.0f}s")
+        if budget < 5:
+            raise SystemExit("no time left to train")
+    bf16 = not args.no_bf16 and dev.type == "cuda"
+    tc = DSparkTrainConfig(steps=args.steps, batch_size=args.batch, num_anchors=args.anchors, lr=args.lr,
+                           head_lr_mult=args.head_lr_mult, min_lr_ratio=args.min_lr_ratio, warmup=args.warmup,
+                           short_block_frac=args.short_block_frac, weight_decay=args.weight_decay, seed=args.seed,
+                           bf16=bf16, time_budget_s=budget, save_every=args.save_every, log_every=args.log_every)
+    lw = LossWeights(gamma=args.gamma, tv=args.tv_weight, unary=args.unary_weight, confidence=args.conf_weight)
+    train_idx = torch.arange(len(held), len(all_rows))
+    try:
+        tres = train_dspark(draft, data, train_idx, embed, lm_head, tc, lw, work / "ckpt.pt", args.resume, log)
+    except Exception as e:  # ship what there is rather than nothing (the device call is not repeatable)
+        import traceback
+
+        log(f"training failed: {e!r}\n{traceback.format_exc()}")
+        metrics["train_error"] = repr(e)
+        tres = {"steps": -1, "losses": []}
+    draft.eval()
+    losses = tres["losses"]
+    metrics["train"] = {**{k: v for k, v in tres.items() if k != "losses"}, "config": asdict(tc), "loss": asdict(lw),
+                        "loss_first": losses[0][2] if losses else None, "loss_last": losses[-1][2] if losses else None,
+                        "losses": losses}
+
+    # ---- the shipped draft first (an evaluation failure must not lose it), then held-out acceptance
+    extra = {"recipe": "engine.training.gpu_job_dspark (self-distilled DSpark: offset-0 blocks, DFlash block mask, "
+                       "teacher-forced Markov head, CE + one-hot L1 + unary CE + confidence BCE)",
+             "steps": tres["steps"], "loss_last": metrics["train"]["loss_last"],
+             "init_backbone": metrics.get("init_backbone"), "walk_top_k": args.eval_top_k}
+    ship_dtype = getattr(torch, args.ship_dtype)
+    folder = ship_dspark(draft, dcfg, out / "draft", ship_dtype, extra)
+    size = (folder / "model.safetensors").stat().st_size
+    metrics["draft"] = {"parameters": n_params, "safetensors_bytes": size, "dtype": args.ship_dtype,
+                        "target_layers": n_layers_t}
+    log(f"saved {folder} ({size / 1e6:.2f} MB {args.ship_dtype})")
+    if args.split_mib:
+        metrics["draft"]["parts"] = [p.name for p in split_file(folder / "model.safetensors", int(args.split_mib * 2**20))]
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    t0 = time.time()
+    cands = [int(x) for x in args.eval_cands.split(",") if 0 < int(x) <= dcfg["block_size"]]
+    rows_per_pass = 16
+    acc: dict[str, Any] = {}
+    while True:
+        try:
+            acc = heldout_acceptance_dspark(draft, data, list(range(min(len(held), args.eval_rows))), embed, lm_head,
+                                            cands, WALKS, args.eval_top_k, bf16, rows_per_pass)
+            break
+        except torch.OutOfMemoryError:
+            if rows_per_pass == 1:
+                raise
+            rows_per_pass //= 2
+            torch.cuda.empty_cache()
+            log(f"evaluation out of memory: {rows_per_pass} rows per pass")
+        except Exception as e:  # keep the shipped draft and the training log
+            log(f"evaluation failed: {e!r}")
+            metrics["heldout_error"] = repr(e)
+            break
+    metrics["heldout"] = acc
+    for n, per in acc.items():
+        for m, r in per.items():
+            log(f"held-out, {n} candidates, walk {m}: tokens/step {r['tokens_per_step']}, "
+                f"P(accept k | k-1) {r['conditional_acceptance']}")
+    log(f"evaluation: {time.time() - t0:.1f}s")
+    extra["heldout_tokens_per_step"] = {n: {m: r["tokens_per_step"].get("all") for m, r in per.items()}
+                                        for n, per in acc.items()}
+    (folder / "training.json").write_text(json.dumps(extra, indent=1) + "\n", encoding="utf-8")
+    metrics["seconds_total"] = round(time.time() - t_job, 1)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    log(f"job {metrics['seconds_total']}s")
+    return metrics
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
