@@ -191,7 +191,7 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
         # The table's figures are the engine's own metrics of the same run, summed over the prompts.
         assert row.target_steps == sum(m.target_steps for m in ms)
         assert row.decode_tokens == sum(m.decode_tokens for m in ms)
-        assert row.tokens_per_step == pytest.approx(sum(m.decode_tokens for m in ms) / sum(m.target_steps for m in ms))
+        assert row.tokens_per_step == pytest.approx(sum(m.decode_produced for m in ms) / sum(m.target_steps for m in ms))
         assert row.drafted == sum(m.drafted_total for m in ms) and row.accepted == sum(m.accepted_total for m in ms)
         assert row.draft_model_ms == pytest.approx(sum(sum(m.draft_model_ms) for m in ms))
         # TPOT = (wall - TTFT) / (tokens - 1): never below the engine's own first-to-last-token time.

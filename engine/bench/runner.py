@@ -149,6 +149,7 @@ class Outcome:
     confidence_sum: float = 0.0
     confidence_n: int = 0
     finish_reason: str = ""
+    produced: int | None = None  # decode tokens the steps produced, a final EOS included (default: decode_tokens)
 
     @property
     def decode_tokens(self) -> int:
@@ -171,6 +172,7 @@ class Row:
     prompts: int = 0
     tokens: int = 0
     decode_tokens: int = 0
+    produced: int = 0  # tokens per step counts the EOS a step produced, like engine.metrics
     target_steps: int = 0
     decode_ms: float = 0.0
     ttft_ms_total: float = 0.0
@@ -191,6 +193,7 @@ class Row:
         self.prompts += 1
         self.tokens += len(out.token_ids)
         self.decode_tokens += out.decode_tokens
+        self.produced += out.decode_tokens if out.produced is None else out.produced
         self.target_steps += out.target_steps
         self.decode_ms += max(out.wall_ms - out.ttft_ms, 0.0)
         self.ttft_ms_total += out.ttft_ms
@@ -206,8 +209,8 @@ class Row:
 
     @property
     def tokens_per_step(self) -> float:
-        """Tokens committed per target step after the prefill (accepted drafts + the target's own)."""
-        return self.decode_tokens / self.target_steps if self.target_steps else 0.0
+        """Tokens per target step after the prefill (accepted drafts + the target's own, a final EOS included)."""
+        return self.produced / self.target_steps if self.target_steps else 0.0
 
     @property
     def tpot_ms(self) -> float:
@@ -336,7 +339,7 @@ class EngineRunner:
                        int(getattr(m, "drafted_total", 0)), int(getattr(m, "accepted_total", 0)),
                        _sum(m, "draft_step_ms"), _sum(m, "draft_model_ms"), _sum(m, "markov_head_ms"),
                        _sum(m, "sampling_ms"), _sum(m, "target_ms"), conf[0], int(conf[1]),
-                       str(getattr(res, "finish_reason", "")))
+                       str(getattr(res, "finish_reason", "")), int(getattr(m, "decode_produced", 0)) or None)
 
 
 class GenAIRunner:
@@ -392,6 +395,7 @@ class GenAIConfigRunner:
         res = self.base.pipe.generate(ov.Tensor(np.asarray([ids], dtype=np.int64)), cfg)
         wall = (time.perf_counter() - t0) * 1e3
         tokens = [int(t) for t in res.tokens[0]]
+        produced = max(len(tokens) - 1, 0)  # the EOS included, as engine.metrics counts it
         eos = self.base.tokenizer.get_eos_token_id()
         if tokens and tokens[-1] == eos:
             tokens = tokens[:-1]
@@ -400,13 +404,13 @@ class GenAIConfigRunner:
             steps = len(res.extended_perf_metrics.main_model_metrics.raw_metrics.m_durations) - 1
             accepted = int(res.extended_perf_metrics.get_num_accepted_tokens())
         else:
-            steps, accepted = len(tokens) - 1, 0
+            steps, accepted = produced, 0  # one token per step, the EOS step included
         steps = max(steps, 0)
         # Its get_num_draft_tokens() reads 0 in openvino_genai 2026.4, so drafted is estimated as
         # steps x num_assistant_tokens (a step near max_new_tokens may draft fewer).
         drafted = steps * self.num_assistant_tokens if self.base.draft is not None else 0
         return Outcome(tokens, self.base.tokenizer.decode(tokens, skip_special_tokens=True), ttft, wall, steps,
-                       drafted if accepted else 0, accepted)
+                       drafted if accepted else 0, accepted, produced=produced)
 
 
 # ---- the run ----------------------------------------------------------------------------------
