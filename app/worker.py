@@ -256,7 +256,8 @@ class EngineWorker(QObject):
             draft_name=getattr(pipe, "draft_name", None),
             has_chat_template=bool(getattr(pipe, "has_chat_template", False)),
             load_s=time.perf_counter() - t0,
-            max_candidates=getattr(pipe, "default_num_candidates", None) or None,
+            max_candidates=getattr(getattr(getattr(pipe, "draft", None), "info", None), "max_candidates", None)
+            or getattr(pipe, "default_num_candidates", None) or None,
         )
         dinfo = getattr(getattr(pipe, "draft", None), "info", None)
         if dinfo is not None:

@@ -127,7 +127,7 @@ class SpeculativePipeline:
 
     @property
     def default_num_candidates(self) -> int:
-        return self.draft.info.max_candidates if self.draft else 0
+        return self.draft.info.default_candidates if self.draft else 0
 
     # ---- requests ---------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
@@ -171,7 +171,7 @@ class SpeculativePipeline:
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or info.max_candidates
+        n = config.num_assistant_tokens or info.default_candidates
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")

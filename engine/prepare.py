@@ -169,7 +169,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
     out: list[Path] = []
     for src in shipped_drafts():
         dest = default_drafts_dir() / src.name
-        source = _sha256(src / "model.safetensors")
+        source = _sha256(src / "model.safetensors") + ":" + _sha256(src / "config.json")
         marker = _read_marker(dest) if is_prepared(dest) else {}
         if (not force and marker.get("source_sha256") == source
                 and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT):

@@ -207,3 +207,20 @@ def test_kv_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_target, tiny_q
     for prompt in PROMPTS[:2]:
         assert spec.generate(prompt, cfg, chat=False).token_ids == qwen_alone.generate(prompt, cfg, chat=False).token_ids
     assert spec.target.compactions > 0
+
+
+def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts) -> None:
+    """A draft's config.json "num_assistant_tokens" is its tuned default; a request may still ask for more."""
+    import shutil
+
+    folder = tmp_path / "tuned"
+    shutil.copytree(tiny_qwen3_drafts["b8_trained"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, num_assistant_tokens=2)))
+    spec = SpeculativePipeline.load(tiny_qwen3_target, folder, precision="f32")
+    assert spec.default_num_candidates == 2 and spec.draft.info.max_candidates == 7
+    out = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, ignore_eos=True), chat=False)
+    assert len(out.metrics.position_drafted) == 2
+    out = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, num_assistant_tokens=5, ignore_eos=True),
+                        chat=False)
+    assert len(out.metrics.position_drafted) == 5

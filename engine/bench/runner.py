@@ -296,12 +296,13 @@ def _sum(m: Any, name: str) -> float:
 
 
 def draft_meta(pipe: Any) -> tuple[str | None, bool, int, int]:
-    """(variant, has a Markov head, default K, most candidates per step) of a pipeline's draft."""
+    """(variant, has a Markov head, default K, default candidates per step) of a pipeline's draft."""
     info = getattr(getattr(pipe, "draft", None), "info", None)
+    default_n = int(getattr(pipe, "default_num_candidates", 0) or 0)
     if info is None:
-        return None, False, 0, int(getattr(pipe, "default_num_candidates", 0) or 0)
+        return None, False, 0, default_n
     return (str(getattr(info, "variant", "dflash_v1")), bool(getattr(info, "has_head", False)),
-            int(getattr(info, "default_top_k", 0) or 0), int(getattr(info, "max_candidates", 0) or 0))
+            int(getattr(info, "default_top_k", 0) or 0), default_n or int(getattr(info, "max_candidates", 0) or 0))
 
 
 def default_loader(target: Path, draft: Path | None, device: str = "CPU", precision: str = "default") -> Any:

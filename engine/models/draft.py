@@ -47,6 +47,7 @@ class DraftInfo:
     final_logit_softcapping: float = 0.0
     activations_scale_factor: float | None = None  # GPU compile floor (DFlash v2)
     confidence_source: str = "none"  # none | backbone | markov_head (DSpark confidence_head_with_markov)
+    recommended_candidates: int | None = None  # config.json "num_assistant_tokens": the draft's tuned default
 
     @property
     def name(self) -> str:
@@ -56,6 +57,12 @@ class DraftInfo:
     def max_candidates(self) -> int:
         """Candidates one block yields: the block minus the anchor row in the z-lab layout."""
         return self.block_size - self.candidate_offset
+
+    @property
+    def default_candidates(self) -> int:
+        """Candidates per step when a request does not say: the draft's tuned value, else a full block."""
+        rec = self.recommended_candidates
+        return min(rec, self.max_candidates) if rec and rec > 0 else self.max_candidates
 
     @property
     def has_head(self) -> bool:
@@ -125,6 +132,8 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         output_multiplier=num("output_multiplier", 1.0),
         final_logit_softcapping=num("final_logit_softcapping", 0.0),
         activations_scale_factor=float(asf) if asf else None,
+        recommended_candidates=config.get("num_assistant_tokens") if isinstance(config.get("num_assistant_tokens"), int)
+        else None,
         confidence_source={"true": "backbone", "markov_head": "markov_head"}.get(
             (_rt(model, "dflash", "confidence_head") or "").lower(), "none"),
     )
