@@ -11,11 +11,8 @@ from app_helpers import marked_text
 pytestmark = pytest.mark.slow
 
 
-def _drafts_or_skip(request) -> dict:
-    try:
-        return request.getfixturevalue("tiny_qwen3_drafts")
-    except pytest.FixtureLookupError:
-        pytest.skip("the tiny draft fixtures (tiny_qwen3_drafts) are not in tests/conftest.py yet")
+def _drafts(request) -> dict:
+    return request.getfixturevalue("tiny_qwen3_drafts")
 
 
 def _real_window(make_window, qtbot, target, draft):
@@ -48,7 +45,7 @@ def test_real_chat_turn_target_alone(make_window, qtbot, tiny_qwen3_target, app_
 
 
 def test_real_chat_turn_with_draft_marks_stats_history(make_window, qtbot, request, tiny_qwen3_target, app_home):
-    drafts = _drafts_or_skip(request)
+    drafts = _drafts(request)
     draft = drafts.get("b8_trained") or next(iter(drafts.values()))
     w = _real_window(make_window, qtbot, tiny_qwen3_target, draft)
     assert w.engine_info.draft_name
@@ -75,7 +72,7 @@ def test_real_chat_turn_with_draft_marks_stats_history(make_window, qtbot, reque
 
 
 def test_real_cancel_mid_stream(make_window, qtbot, request, tiny_qwen3_target):
-    drafts = _drafts_or_skip(request)
+    drafts = _drafts(request)
     draft = drafts.get("b8_trained") or next(iter(drafts.values()))
     w = _real_window(make_window, qtbot, tiny_qwen3_target, draft)
     w.gen_panel.max_new_tokens.setValue(4000)
