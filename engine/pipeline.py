@@ -89,7 +89,11 @@ class SpeculativePipeline:
         target_dir = Path(target_dir)
         check_target_dir(target_dir)
         if device.upper().startswith("NPU"):
-            raise DeviceError(f"{device}: {NPU_NOTICE}")
+            if draft_dir is not None:
+                raise DeviceError(f"{device}: {NPU_NOTICE}")
+            from engine.genai_target import GenAITargetPipeline
+
+            return GenAITargetPipeline(target_dir, device, precision)  # the target alone, via openvino_genai
         props = compile_properties(device, precision)
         taps = None
         info = None

@@ -380,8 +380,8 @@ class ModelPanel(QGroupBox):
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
             text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
-                    "openvino_genai.LLMPipeline can run a target alone on NPU, but this version's engine "
-                    "does not offer that path: Load will show the engine's refusal. Choose CPU or a GPU.")
+                    "The target alone runs on NPU through openvino_genai.LLMPipeline (no marked tokens, "
+                    "one token per step).")
             state = "warn"
         elif switched:
             text = (f"{switched} cannot run a draft: {NPU_NOTICE.split('. ')[0]}. "

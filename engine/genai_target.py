@@ -1,0 +1,198 @@
+"""The target alone through openvino_genai.LLMPipeline: the path for NPU.
+
+NPU pipelines use openvino_genai's stateful backend with static shapes, which this engine's
+speculative loop cannot drive, but a person may still want the target alone there. This wraps
+LLMPipeline.generate (run on a helper thread, tokens arriving through a streamer) behind the same
+add_request / step / cancel / metrics surface as SpeculativePipeline, one StepEvent per token.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import GenerationConfig
+from engine.errors import DeviceError
+from engine.events import StepEvent, StepTimings
+from engine.metrics import RequestMetrics
+from engine.models.properties import compile_properties
+from engine.models.target import check_target_dir
+from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+
+_END = object()
+
+
+def _genai_config(cfg: GenerationConfig):
+    import openvino_genai as ov_genai
+
+    if cfg.min_p:
+        raise ValueError("min_p is not available for the target alone on NPU (openvino_genai has no min-p); "
+                         "set min_p=0 or choose CPU/GPU.")
+    g = ov_genai.GenerationConfig()
+    g.max_new_tokens = cfg.max_new_tokens
+    g.min_new_tokens = cfg.min_new_tokens
+    g.do_sample = cfg.do_sample
+    if cfg.do_sample:
+        g.temperature, g.top_k, g.top_p = cfg.temperature, cfg.top_k, cfg.top_p
+        if cfg.rng_seed is not None:
+            g.rng_seed = cfg.rng_seed
+    g.repetition_penalty = cfg.repetition_penalty
+    g.presence_penalty = cfg.presence_penalty
+    g.frequency_penalty = cfg.frequency_penalty
+    g.ignore_eos = cfg.ignore_eos
+    if cfg.stop_token_ids:
+        g.stop_token_ids = set(cfg.stop_token_ids)
+    if cfg.stop_strings:
+        g.stop_strings = set(cfg.stop_strings)
+        g.include_stop_str_in_output = cfg.include_stop_str_in_output
+    return g
+
+
+class GenAITargetPipeline:
+    """The target alone on openvino_genai.LLMPipeline, one request at a time, streamed as StepEvents."""
+
+    draft = None
+    draft_name = None
+    default_num_candidates = 0
+
+    def __init__(self, target_dir: Path, device: str, precision: str = "default") -> None:
+        import openvino_genai as ov_genai
+
+        check_target_dir(target_dir)
+        self.folder = Path(target_dir)
+        self.device = device
+        props = compile_properties(device, precision)
+        props.pop("PERFORMANCE_HINT", None)
+        try:
+            self._pipe = ov_genai.LLMPipeline(str(self.folder), device, **props)
+        except RuntimeError as exc:
+            last = [ln for ln in str(exc).strip().splitlines() if ln.strip()][-1]
+            raise DeviceError(f"openvino_genai could not load {self.folder.name} on {device}: {last.strip()} "
+                              "Check the device's driver, or choose CPU or a GPU.") from exc
+        self.tokenizer = TextTokenizer(self.folder)
+        self._queue: deque[tuple[int, list[int], GenerationConfig]] = deque()
+        self._active: dict | None = None
+        self._metrics: dict[int, RequestMetrics] = {}
+        self._next_id = 0
+
+    @property
+    def target_name(self) -> str:
+        return self.folder.name
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.has_chat_template
+
+    def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
+        from engine.pipeline import SpeculativePipeline
+
+        return SpeculativePipeline.encode_prompt(self, prompt, chat)  # same rules, same tokenizer
+
+    def add_request(self, prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
+        config = (config or GenerationConfig()).validate()
+        genai_config = _genai_config(config)
+        ids = self.encode_prompt(prompt, chat)
+        if not ids:
+            raise ValueError("The prompt is empty: type something to send.")
+        rid = self._next_id
+        self._next_id += 1
+        self._metrics[rid] = RequestMetrics(draft_name=None, device=self.device, prompt_tokens=len(ids))
+        self._queue.append((rid, ids, genai_config))
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return self._active is not None or bool(self._queue)
+
+    def cancel(self, request_id: int) -> None:
+        if self._active is not None and self._active["id"] == request_id:
+            self._active["cancel"].set()
+        self._queue = deque(r for r in self._queue if r[0] != request_id)
+
+    def metrics(self, request_id: int) -> RequestMetrics:
+        return self._metrics[request_id]
+
+    def _start(self, rid: int, ids: list[int], cfg) -> None:
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        tokens: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+
+        class Streamer(ov_genai.StreamerBase):
+            def write(self, token):
+                for t in (token if isinstance(token, list) else [token]):
+                    tokens.put(int(t))
+                return ov_genai.StreamingStatus.CANCEL if cancel.is_set() else ov_genai.StreamingStatus.RUNNING
+
+            def end(self):
+                pass
+
+        streamer = Streamer()
+
+        def run() -> None:
+            try:
+                self._pipe.generate(ov.Tensor(np.asarray([ids], np.int64)), cfg, streamer)
+            except Exception as exc:  # surfaced by step() on the caller's thread
+                tokens.put(exc)
+            tokens.put(_END)
+
+        self._active = {"id": rid, "tokens": tokens, "cancel": cancel, "steps": 0, "t0": time.perf_counter(),
+                        "detok": IncrementalDetokenizer(self.tokenizer), "eos": self.tokenizer.eos_token_ids,
+                        "max": cfg.max_new_tokens, "generated": 0, "thread": threading.Thread(target=run, daemon=True)}
+        self._active["thread"].start()
+
+    def step(self) -> list[StepEvent]:
+        """Wait for the next token of the active request (starting the next request if none)."""
+        if self._active is None:
+            if not self._queue:
+                return []
+            self._start(*self._queue.popleft())
+        a = self._active
+        t0 = time.perf_counter()
+        item = a["tokens"].get()
+        metrics = self._metrics[a["id"]]
+        if isinstance(item, Exception):
+            self._active = None
+            raise item
+        if item is _END or a["cancel"].is_set():
+            reason = "cancelled" if a["cancel"].is_set() else ("length" if a["generated"] >= a["max"] else "eos")
+            a["thread"].join()
+            self._active = None
+            event = StepEvent(a["id"], a["steps"], finished=True, finish_reason=reason,
+                              produced=1 if reason == "eos" else 0)
+            if reason == "eos":  # the step that produced the EOS is a target step, like the engine counts it
+                metrics.record(event)
+            return [event]
+        if item in a["eos"]:
+            return self.step()  # the end arrives next
+        a["generated"] += 1
+        now = time.perf_counter()
+        event = StepEvent(a["id"], a["steps"], tokens=[item], pieces=a["detok"].feed([item], 0), produced=1,
+                          timings=StepTimings(target_ms=(now - t0) * 1e3, total_ms=(now - t0) * 1e3))
+        if a["steps"] == 0:
+            metrics.ttft_ms = (now - a["t0"]) * 1e3
+            a["t_first"] = now
+        else:
+            metrics.decode_ms = (now - a["t_first"]) * 1e3
+        a["steps"] += 1
+        metrics.record(event)
+        return [event]
+
+    def generate(self, prompt, config: GenerationConfig | None = None, chat: bool | None = None, on_event=None):
+        from engine.pipeline import GenerationResult
+
+        rid = self.add_request(prompt, config, chat)
+        ids: list[int] = []
+        text, reason = "", ""
+        while True:
+            for event in self.step():
+                ids += event.tokens
+                text += event.text
+                if on_event is not None and on_event(event):
+                    self.cancel(rid)
+                if event.finished:
+                    return GenerationResult(text, ids, event.finish_reason or "", self._metrics[rid])
