@@ -91,8 +91,8 @@ class _IRSignature(nn.Module):
         return (h[:, 1:, :], *flat)
 
 
-def convert_draft(model: DFlashV1Draft) -> ov.Model:
-    """Trace the torch draft into a stateless ov.Model with named past/present K/V ports."""
+def trace_inputs(model: DFlashV1Draft) -> tuple[list[torch.Tensor], list[tuple[ov.PartialShape, ov.Type]], list[str]]:
+    """Example inputs, dynamic shapes and names of the backbone contract's ports (for ov.convert_model)."""
     c = model.cfg
     n_ctx = len(c.target_layer_ids) * c.hidden_size
     b, q, t, past = 1, max(c.block_size, 2), 3, 2
@@ -114,6 +114,13 @@ def convert_draft(model: DFlashV1Draft) -> ov.Model:
             example.append(torch.randn(b, c.num_key_value_heads, past, c.head_dim))
             shapes.append((ov.PartialShape([-1, c.num_key_value_heads, -1, c.head_dim]), ov.Type.f32))
             names.append(past_input_name(i, kind))
+    return example, shapes, names
+
+
+def convert_draft(model: DFlashV1Draft) -> ov.Model:
+    """Trace the torch draft into a stateless ov.Model with named past/present K/V ports."""
+    c = model.cfg
+    example, shapes, names = trace_inputs(model)
     wrapper = _IRSignature(model.float().eval())
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript tracer chatter; the parity tests are the check

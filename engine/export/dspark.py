@@ -392,29 +392,10 @@ class _BackboneSignature(nn.Module):
 
 def convert_backbone(model: DFlashV1Draft, offset: int, confidence: bool = False) -> ov.Model:
     """Trace a DFlash-family backbone into a stateful ov.Model in the contract's signature (no rt_info)."""
-    from engine.export.draft import make_stateful, past_input_name, present_output_name
+    from engine.export.draft import make_stateful, present_output_name, trace_inputs
 
     c = model.cfg
-    n_ctx = len(c.target_layer_ids) * c.hidden_size
-    b, q, t, past = 1, max(c.block_size, 2), 3, 2
-    example = [
-        torch.randn(b, q, c.hidden_size),
-        torch.randn(b, t, n_ctx),
-        torch.arange(past, past + t + q, dtype=torch.int64)[None],
-        torch.ones(b, past + t + q, dtype=torch.int64),
-    ]
-    shapes = [
-        (ov.PartialShape([-1, -1, c.hidden_size]), ov.Type.f32),
-        (ov.PartialShape([-1, -1, n_ctx]), ov.Type.f32),
-        (ov.PartialShape([-1, -1]), ov.Type.i64),
-        (ov.PartialShape([-1, -1]), ov.Type.i64),
-    ]
-    names = ["inputs_embeds", "hidden_states", "position_ids", "attention_mask"]
-    for i in range(c.num_hidden_layers):
-        for kind in ("key", "value"):
-            example.append(torch.randn(b, c.num_key_value_heads, past, c.head_dim))
-            shapes.append((ov.PartialShape([-1, c.num_key_value_heads, -1, c.head_dim]), ov.Type.f32))
-            names.append(past_input_name(i, kind))
+    example, shapes, names = trace_inputs(model)
     wrapper = _BackboneSignature(model.float().eval(), offset, confidence)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
