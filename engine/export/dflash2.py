@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelFolderError
-from engine.export.dflash_v1 import FULL_ATTENTION, SLIDING_ATTENTION, DFlashV1Config, DFlashV1Draft, KVCache, read_config
+from engine.export.dflash_v1 import FULL_ATTENTION, SLIDING_ATTENTION, DFlashV1Config, DFlashV1Draft, KVCache
 from engine.export.dspark import (
     WalkResult,
     as_tensor,
@@ -49,8 +49,7 @@ from engine.export.dspark import (
     common_rt_info,
     convert_backbone,
     lattice_walk,
-    load_state_into,
-    read_state,
+    load_variant_checkpoint,
     run_backbone,
     save_state,
     set_rt_info,
@@ -317,16 +316,7 @@ class DFlash2Draft(DFlashV1Draft):
 # --------------------------------------------------------------------------------------------
 def load_dflash2_checkpoint(ckpt_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[DFlash2Draft, dict[str, Any]]:
     """Load a z-lab DFlash v2 folder (config.json + *.safetensors) as float32 by default."""
-    ckpt_dir = Path(ckpt_dir)
-    cfg = read_config(ckpt_dir)
-    model = DFlash2Draft(cfg)
-    state = read_state(ckpt_dir)
-    load_state_into(model, state, ckpt_dir, "DFlash v2", dtype)
-    if "embed_tokens.weight" in state:
-        model.embed_tokens_weight = state["embed_tokens.weight"].to(dtype)
-    if "lm_head.weight" in state:
-        model.lm_head_weight = state["lm_head.weight"].to(dtype)
-    return model.to(dtype).eval(), cfg
+    return load_variant_checkpoint(DFlash2Draft, "DFlash v2", ckpt_dir, dtype)
 
 
 def save_dflash2_checkpoint(model: DFlash2Draft, config: Mapping[str, Any], ckpt_dir: Path) -> Path:

@@ -333,18 +333,24 @@ def load_state_into(model: nn.Module, state: Mapping[str, torch.Tensor], ckpt_di
     model.load_state_dict({k: state[k].to(dtype) for k in expected})
 
 
-def load_dspark_checkpoint(ckpt_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[DSparkDraft, dict[str, Any]]:
-    """Load a DeepSpec DSpark folder (config.json + *.safetensors) as float32 by default."""
+def load_variant_checkpoint(cls: type, what: str, ckpt_dir: Path, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+    """Build `cls` from a checkpoint folder's config, load its weights (the optional embed_tokens /
+    lm_head copies kept for torch use), cast to `dtype`."""
     ckpt_dir = Path(ckpt_dir)
     cfg = read_config(ckpt_dir)
-    model = DSparkDraft(cfg)
+    model = cls(cfg)
     state = read_state(ckpt_dir)
-    load_state_into(model, state, ckpt_dir, "DSpark", dtype)
+    load_state_into(model, state, ckpt_dir, what, dtype)
     if "embed_tokens.weight" in state:
         model.embed_tokens_weight = state["embed_tokens.weight"].to(dtype)
     if "lm_head.weight" in state:
         model.lm_head_weight = state["lm_head.weight"].to(dtype)
     return model.to(dtype).eval(), cfg
+
+
+def load_dspark_checkpoint(ckpt_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[DSparkDraft, dict[str, Any]]:
+    """Load a DeepSpec DSpark folder (config.json + *.safetensors) as float32 by default."""
+    return load_variant_checkpoint(DSparkDraft, "DSpark", ckpt_dir, dtype)
 
 
 def save_state(model: nn.Module, config: Mapping[str, Any], ckpt_dir: Path,
