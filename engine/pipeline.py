@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 
 from engine.config import GenerationConfig
+from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
 from engine.drafting.selector import SamplingSpec, select_candidates
@@ -30,8 +31,6 @@ from engine.sampling.processors import LogitsProcessor, needs_logits
 from engine.sampling.rejection import verify, verify_greedy
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
-NPU_NOTICE = ("DFlash runs on the continuous batching backend only, which NPU pipelines do not use: "
-              "choose CPU or GPU for speculative decoding.")
 _KEEP_FINISHED = 256
 
 
