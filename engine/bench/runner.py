@@ -730,6 +730,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-genai-dflash", action="store_true", help="skip openvino_genai's DFlash")
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list (machine on stderr)")
     p.add_argument("--out", help="folder to write results.md / results.csv / results.json")
+    from engine.bench.concurrency import add_concurrency_args
+
+    add_concurrency_args(p)  # --concurrency N... and the scheduler options (engine/bench/concurrency.py)
 
 
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
@@ -788,10 +791,15 @@ def spec_command(spec: BenchSpec) -> str:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from engine.bench import concurrency
     from engine.cli import _progress_printer
 
+    if getattr(args, "concurrency", None):
+        return concurrency.run_cli(args)  # N requests in flight per level: its own rows and tables
     spec = spec_from_args(args)
-    res = run_bench(spec, progress=_progress_printer())
+    scheduler = concurrency.make_scheduler(concurrency.scheduler_options(args))
+    res = run_bench(spec, progress=_progress_printer(),
+                    loader=concurrency.scheduler_loader(scheduler) if scheduler is not None else None)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
