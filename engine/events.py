@@ -29,7 +29,9 @@ class StepEvent:
     """What one target step did for one request.
 
     `tokens` are the tokens committed this step: the first `accepted` of them are draft tokens the
-    target accepted, the last one (if any) is the target's own token (correction or bonus).
+    target accepted, the last one (if any) is the target's own token (correction or bonus) unless
+    the step validated only the first part of a split window (then all of them are drafts).
+    `drafted` are the candidates this step validated.
     """
 
     request_id: int
@@ -44,6 +46,10 @@ class StepEvent:
     confidence: list[float] | None = None  # per drafted position, drafts with a confidence head
     logprobs: list[float] | None = None  # target log-probability of each committed token (logits requests)
     produced: int = 0  # tokens the step produced before stop rules cut them (an EOS counts)
+    # Set only on the step that completes a validation window (a split window spans several steps):
+    # the window's candidates that were validated, and how many of them the target accepted.
+    window_drafted: list[int] | None = None
+    window_accepted: int = 0
 
     @property
     def text(self) -> str:

@@ -28,6 +28,9 @@ class RequestMetrics:
     markov_head_ms: list[float] = field(default_factory=list)
     sampling_ms: list[float] = field(default_factory=list)
     target_ms: list[float] = field(default_factory=list)
+    windows: int = 0  # validation windows completed
+    split_windows: int = 0  # of which validated over more than one step
+    preemptions: int = 0  # times the KV cache ran out and this request was recomputed later
 
     def record(self, event: StepEvent) -> None:
         self.generated_tokens += len(event.tokens)
@@ -37,14 +40,17 @@ class RequestMetrics:
         self.target_steps += 1
         self.decode_tokens += len(event.tokens)
         self.decode_produced += event.produced
-        self.drafted_total += len(event.drafted)
-        self.accepted_total += event.accepted
-        for i in range(len(event.drafted)):
-            if i >= len(self.position_drafted):
-                self.position_drafted.append(0)
-                self.position_accepted.append(0)
-            self.position_drafted[i] += 1
-            self.position_accepted[i] += int(i < event.accepted)
+        if event.window_drafted is not None:  # a window counts once, over all steps that validated it
+            window = event.window_drafted
+            self.windows += 1
+            self.drafted_total += len(window)
+            self.accepted_total += event.window_accepted
+            for i in range(len(window)):
+                if i >= len(self.position_drafted):
+                    self.position_drafted.append(0)
+                    self.position_accepted.append(0)
+                self.position_drafted[i] += 1
+                self.position_accepted[i] += int(i < event.window_accepted)
         self.draft_step_ms.append(t.draft_step_ms)
         self.draft_model_ms.append(t.draft_model_ms)
         self.markov_head_ms.append(t.markov_head_ms)
@@ -91,4 +97,5 @@ class RequestMetrics:
             "markov_head_ms": round(mean(self.markov_head_ms), 3),
             "sampling_ms": round(mean(self.sampling_ms), 3),
             "target_ms": round(mean(self.target_ms), 3),
+            "windows": self.windows, "split_windows": self.split_windows, "preemptions": self.preemptions,
         }

@@ -20,11 +20,14 @@ from engine.config import GenerationConfig
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
-from engine.drafting.selector import SamplingSpec, select_candidates
+from engine.drafting.draft_batch import DraftBatch, DraftCall
+from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.properties import compile_properties
-from engine.models.target import TargetModel, check_target_dir
+from engine.models.paged_target import PagedTarget, SeqChunk
+from engine.models.target import check_target_dir
+from engine.scheduler import SchedulerConfig, StepStats, plan_rows
 from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor, needs_logits
@@ -54,9 +57,19 @@ class _Request:
     metrics: RequestMetrics
     t_added: float
     generated: list[int] = field(default_factory=list)
-    steps: int = 0
-    anchor: int = -1
-    context: np.ndarray | None = None
+    steps: int = 0  # events emitted (0: the one with the first token)
+    anchor: int = -1  # the newest token: emitted, not yet in the KV cache
+    feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
+    fed: int = 0  # of them already in the cache
+    resume: bool = False  # feed is a recompute after preemption: no token comes out of its end
+    kv_len: int = 0  # tokens in the target's KV cache
+    window: list[int] | None = None  # [anchor, c1..cN] under validation
+    window_pos: int = 0  # rows of the window validated so far
+    window_accepted: int = 0
+    window_steps: int = 0
+    proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
+    confidence: list[float] | None = None
+    context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
     t_first: float = 0.0
     finish_reason: str | None = None
     cancel_requested: bool = False
@@ -65,28 +78,53 @@ class _Request:
     draft_rng: np.random.Generator | None = None  # the draft's own, independent stream
     cumulative_logprob: float = 0.0
 
+    @property
+    def decoding(self) -> bool:
+        return self.fed >= len(self.feed)
+
+    def next_candidates(self) -> int:
+        """Candidates the next window can hold without running past max_new_tokens."""
+        return max(0, min(self.num_candidates, self.config.max_new_tokens - len(self.generated) - 1))
+
+    def rows_wanted(self) -> int:
+        if not self.decoding:
+            return len(self.feed) - self.fed
+        if self.window is not None:
+            return len(self.window) - self.window_pos
+        return 1 + self.next_candidates()
+
 
 class SpeculativePipeline:
-    """Greedy DFlash speculative decoding over a stateful target and a DFlash-family draft."""
+    """DFlash speculative decoding for many requests at once over a PagedAttention target.
 
-    def __init__(self, target: TargetModel, tokenizer: TextTokenizer, draft: DraftModel | None = None,
-                 precision: str = "default") -> None:
+    Each step() is one target inference (and at most one draft and one head inference) for every
+    scheduled request: see engine/scheduler.py for who runs and docs/batching.md for the design.
+    """
+
+    def __init__(self, target: PagedTarget, tokenizer: TextTokenizer, draft: DraftModel | None = None,
+                 precision: str = "default", scheduler: SchedulerConfig | None = None) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.draft = draft
+        self.drafts = DraftBatch(draft) if draft is not None else None
         self.precision = precision
-        self._queue: deque[_Request] = deque()
-        self._active: _Request | None = None
+        self.scheduler = (scheduler or SchedulerConfig()).validate()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
         self._finished: OrderedDict[int, _Request] = OrderedDict()
         self._next_id = 0
+        self._rotate = 0
+        self.last_step = StepStats()
 
     @classmethod
     def load(cls, target_dir: Path | str, draft_dir: Path | str | None = None, device: str = "CPU",
-             precision: str = "default", core: ov.Core | None = None) -> "SpeculativePipeline":
+             precision: str = "default", core: ov.Core | None = None,
+             scheduler: SchedulerConfig | None = None) -> "SpeculativePipeline":
         """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix."""
         core = core or ov.Core()
         target_dir = Path(target_dir)
         check_target_dir(target_dir)
+        scheduler = (scheduler or SchedulerConfig()).validate()
         if device.upper().startswith("NPU"):
             if draft_dir is not None:
                 raise DeviceError(f"{device}: {NPU_NOTICE}")
@@ -104,12 +142,13 @@ class SpeculativePipeline:
                                          + "\n- ".join(reasons))
             taps = info.target_layer_ids
         try:
-            target = TargetModel(target_dir, core, device, props, taps)
+            target = PagedTarget(target_dir, core, device, props, taps, scheduler.num_kv_blocks,
+                                 scheduler.cache_size_mb)
             draft = DraftModel(info, target_dir, core, device, props) if info else None
         except RuntimeError as exc:
             raise DeviceError(f"Could not compile the models on {device}: {str(exc).strip().splitlines()[-1]}. "
                               "Try CPU, or a smaller model / weight format for this device.") from exc
-        return cls(target, TextTokenizer(target_dir), draft, precision)
+        return cls(target, TextTokenizer(target_dir), draft, precision, scheduler)
 
     # ---- properties the app shows -------------------------------------------------------------
     @property
@@ -166,7 +205,15 @@ class SpeculativePipeline:
             seed = config.rng_seed if config.rng_seed is not None else int(np.random.SeedSequence().entropy % 2**63)
             req.rng = np.random.default_rng(seed)
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
-        self._queue.append(req)
+        req.feed = list(ids)
+        blocks = self.target.blocks
+        need = blocks.blocks_for(len(ids) + config.max_new_tokens + n + 1)
+        if need > blocks.num_blocks:
+            raise ValueError(
+                f"This request needs up to {need} KV blocks ({len(ids)} prompt + {config.max_new_tokens} new tokens), "
+                f"but the cache has {blocks.num_blocks} of {blocks.block_size} tokens: raise num_kv_blocks / "
+                "cache_size_mb, or shorten the prompt or max_new_tokens.")
+        self._waiting.append(req)
         return rid
 
     def _draft_settings(self, config: GenerationConfig) -> tuple[int, int]:
@@ -192,17 +239,19 @@ class SpeculativePipeline:
         return n, k
 
     def has_unfinished(self) -> bool:
-        return self._active is not None or bool(self._queue)
+        return bool(self._running or self._waiting)
+
+    def _live(self) -> list[_Request]:
+        return self._running + list(self._waiting)
 
     def cancel(self, request_id: int) -> None:
-        """The next step() ends the request with finish_reason "cancelled"."""
-        for req in ([self._active] if self._active else []) + list(self._queue):
+        """The next step() ends the request with finish_reason "cancelled" and frees its KV blocks."""
+        for req in self._live():
             if req.id == request_id:
                 req.cancel_requested = True
 
     def metrics(self, request_id: int) -> RequestMetrics:
-        req = self._finished.get(request_id) or next(
-            (r for r in ([self._active] if self._active else []) + list(self._queue) if r.id == request_id), None)
+        req = self._finished.get(request_id) or next((r for r in self._live() if r.id == request_id), None)
         if req is None:
             raise KeyError(f"No request {request_id}.")
         return req.metrics
@@ -212,88 +261,190 @@ class SpeculativePipeline:
         return GenerationResult(req.detok.text, list(req.generated), req.finish_reason or "", req.metrics,
                                 req.cumulative_logprob if req.processor is not None else None)
 
+    def kv_stats(self) -> dict[str, int]:
+        """The KV cache's size and use, in blocks."""
+        blocks = self.target.blocks
+        return {"block_size": blocks.block_size, "total_blocks": blocks.num_blocks,
+                "free_blocks": blocks.free_blocks, "used_blocks": blocks.num_blocks - blocks.free_blocks}
+
     # ---- the step loop ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
-        """Advance the active request by one target inference; return its event."""
-        if self._active is None:
-            if not self._queue:
-                return []
-            self._active = self._queue.popleft()
-            self.target.reset()
-            if self.draft is not None:
-                self.draft.reset()
-        req = self._active
-        if req.cancel_requested:
-            return [self._finish(req, StepEvent(req.id, req.steps, finished=True, finish_reason="cancelled"))]
+        """One target inference for every scheduled request; one event per request that emitted or ended."""
         t0 = time.perf_counter()
+        stats = self.last_step = StepStats()
+        events = [self._finish(r, StepEvent(r.id, r.steps, finished=True, finish_reason="cancelled"))
+                  for r in self._live() if r.cancel_requested]
+        while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
+            self._running.append(self._waiting.popleft())
+        plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
+                         self._rotate)
+        self._rotate += 1
+        plan = self._reserve(plan, stats)
+        if not plan:
+            return events
         timings = StepTimings()
-        if req.steps == 0:
-            drafted, confidence = [], None
-            tokens, accepted, logprobs = self._prefill(req, timings)
-        else:
-            drafted, tokens, accepted, logprobs, confidence = self._verify_step(req, timings)
-        event = self._commit(req, drafted, tokens, accepted, timings, logprobs)
-        event.confidence = confidence
-        event.timings.total_ms = (time.perf_counter() - t0) * 1e3
-        return [self._finish(req, event) if event.finished else self._record(req, event)]
+        drafted_now = self._draft(plan, timings, stats)
+        chunks = []
+        for req, rows in plan:
+            if req.decoding:
+                chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows))
+            else:
+                last = req.fed + rows == len(req.feed) and not req.resume
+                chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last)))
+        want_logits = any(r.processor is not None and c.logit_rows for (r, _), c in zip(plan, chunks))
+        t1 = time.perf_counter()
+        out = self.target.infer(chunks, want_logits)
+        timings.target_ms = (time.perf_counter() - t1) * 1e3
+        stats.requests = [r.id for r, _ in plan]
+        stats.tokens = sum(rows for _, rows in plan)
+        for i, (req, rows) in enumerate(plan):
+            own = StepTimings(target_ms=timings.target_ms)
+            if req.id in drafted_now:
+                own.draft_step_ms, own.draft_model_ms = timings.draft_step_ms, timings.draft_model_ms
+                own.markov_head_ms, own.sampling_ms = timings.markov_head_ms, timings.sampling_ms
+            if req.decoding:
+                if rows < req.rows_wanted():
+                    stats.split.append(req.id)
+                event = self._validate(req, rows, out.next_ids[i], out.logits[i], out.hidden[i], own)
+            else:
+                stats.prefill_tokens += rows
+                event = self._prefill(req, rows, out.next_ids[i], out.logits[i], out.hidden[i], own)
+            if event is not None:
+                event.timings.total_ms = (time.perf_counter() - t0) * 1e3
+                events.append(self._finish(req, event) if event.finished else self._record(req, event))
+        return events
 
-    def _prefill(self, req: _Request, timings: StepTimings) -> tuple[list[int], int, list[float] | None]:
-        """Run the prompt; its last row gives the first token, its hidden rows the draft's first context."""
-        t0 = time.perf_counter()
-        out = self.target.infer(req.prompt_ids, logit_rows=1, want_logits=req.processor is not None)
-        timings.target_ms = (time.perf_counter() - t0) * 1e3
-        req.context = out.hidden.copy() if out.hidden is not None else None
-        if req.processor is None:
-            return [int(out.next_ids[-1])], 0, None
-        p = req.processor.distribution(out.logits[-1])
-        token = p.sample(req.rng.random()) if req.config.do_sample else p.argmax()
-        return [token], 0, [_log(p.prob(token))]
+    def _reserve(self, plan: list[tuple[_Request, int]], stats: StepStats) -> list[tuple[_Request, int]]:
+        """Grow every planned request's KV blocks, oldest first, preempting the newest when they run out."""
+        order = {r.id: i for i, r in enumerate(self._running)}
+        kept: dict[int, tuple[_Request, int]] = {}
+        for req, rows in sorted(plan, key=lambda p: order[p[0].id]):
+            if req not in self._running:
+                continue  # preempted for an older request in this loop
+            while not self.target.blocks.can_grow(req.id, req.kv_len + rows):
+                victim = self._running[-1]
+                self._preempt(victim, stats)
+                kept.pop(victim.id, None)
+                if victim is req:
+                    break
+            else:
+                self.target.blocks.grow(req.id, req.kv_len + rows)
+                kept[req.id] = (req, rows)
+        return [p for p in plan if p[0].id in kept]
 
-    def _verify_step(self, req: _Request, timings: StepTimings):
-        """Draft up to N candidates, verify [anchor, candidates] in one target inference, roll back the rest."""
-        t0 = time.perf_counter()
-        n = min(req.num_candidates, req.config.max_new_tokens - len(req.generated) - 1)
-        drafted: list[int] = []
-        proposals: list[Dist] = []
-        confidence = None
-        if n > 0:
+    def _preempt(self, req: _Request, stats: StepStats) -> None:
+        """Free the request's KV (and draft rows); it is recomputed from its tokens when it runs again.
+        A window under validation is kept, so the output does not change."""
+        self.target.blocks.release(req.id)
+        if self.drafts is not None:
+            self.drafts.drop(req.id)
+        req.resume = bool(req.generated)
+        req.feed = req.prompt_ids + req.generated[:-1] if req.generated else list(req.prompt_ids)
+        req.fed = req.kv_len = 0
+        req.context = []
+        req.metrics.preemptions += 1
+        stats.preempted.append(req.id)
+        self._running.remove(req)
+        self._waiting.appendleft(req)
+
+    def _draft(self, plan: list[tuple[_Request, int]], timings: StepTimings, stats: StepStats) -> set[int]:
+        """Open a window for every scheduled decoding request without one: ONE draft inference for all."""
+        jobs, owners = [], []
+        for req, _ in plan:
+            if not req.decoding or req.window is not None:
+                continue
+            n = req.next_candidates() if self.drafts is not None else 0
+            req.window, req.window_pos, req.window_accepted, req.window_steps = [req.anchor], 0, 0, 0
+            req.proposals, req.confidence = [], None
+            if n == 0:
+                continue
+            context = np.concatenate(req.context) if req.context else np.zeros((0, self.drafts.info.context_width),
+                                                                               np.float32)
+            req.context = []
             sampling = (SamplingSpec(req.processor, req.draft_rng, req.config.temperature)
                         if req.config.do_sample else None)
-            got = select_candidates(self.draft, req.anchor, n, req.context, req.top_k, sampling)
-            drafted, proposals, confidence = got.tokens, got.proposals, got.confidence
-            timings.draft_model_ms = self.draft.last_model_ms
-            timings.markov_head_ms = got.head_ms
-            timings.draft_step_ms = (time.perf_counter() - t0) * 1e3
-            timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - timings.markov_head_ms
-        t1 = time.perf_counter()
-        out = self.target.infer([req.anchor] + drafted, logit_rows=len(drafted) + 1,
-                                want_logits=req.processor is not None)
-        timings.target_ms = (time.perf_counter() - t1) * 1e3
+            jobs.append(DraftJob(DraftCall(req.id, req.anchor, n, context), req.top_k, sampling))
+            owners.append(req)
+        if not jobs:
+            return set()
+        t0 = time.perf_counter()
+        got, head_ms = draft_candidates(self.drafts, jobs)
+        timings.draft_step_ms = (time.perf_counter() - t0) * 1e3
+        timings.draft_model_ms = self.drafts.last_model_ms
+        timings.markov_head_ms = head_ms
+        timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - head_ms
+        for req, d in zip(owners, got):
+            req.window = [req.anchor] + d.tokens
+            req.proposals, req.confidence = d.proposals, d.confidence
+        stats.draft_batch = len(jobs)
+        return {r.id for r in owners}
+
+    def _prefill(self, req: _Request, rows: int, next_ids: np.ndarray, logits: np.ndarray | None,
+                 hidden: np.ndarray | None, timings: StepTimings) -> StepEvent | None:
+        """A prompt (or recompute) chunk; the chunk that ends a prompt emits the first token."""
+        req.fed += rows
+        req.kv_len += rows
+        if hidden is not None:
+            req.context.append(hidden.copy())
+        if not req.decoding:
+            return None
+        if req.resume:
+            req.resume = False  # back where it was: the anchor is the last token it emitted
+            return None
+        if req.processor is None:
+            return self._commit(req, [], [int(next_ids[-1])], 0, timings)
+        p = req.processor.distribution(logits[-1])
+        token = p.sample(req.rng.random()) if req.config.do_sample else p.argmax()
+        return self._commit(req, [], [token], 0, timings, [_log(p.prob(token))])
+
+    def _validate(self, req: _Request, rows: int, post: np.ndarray, logits: np.ndarray | None,
+                  hidden: np.ndarray | None, timings: StepTimings) -> StepEvent:
+        """Validate the window rows [pos, pos+rows): each row checks the candidate after it."""
+        pos, window = req.window_pos, req.window
+        bonus = pos + rows == len(window)
+        seg = window[pos + 1: pos + rows + 1]
         logprobs = None
         if req.processor is None:
-            post = out.next_ids
-            accepted = 0
-            while accepted < len(drafted) and drafted[accepted] == post[accepted]:
-                accepted += 1
-            tokens = drafted[:accepted] + [int(post[accepted])]
+            acc = 0
+            while acc < len(seg) and seg[acc] == post[acc]:
+                acc += 1
+            last = int(post[acc]) if acc < len(seg) or bonus else None
         else:
-            rows, cache = out.logits, {}
+            cache: dict[int, Dist] = {}
 
             def p_row(k: int) -> Dist:
                 if k not in cache:
-                    cache[k] = req.processor.distribution(rows[k], drafted[:k])
+                    cache[k] = req.processor.distribution(logits[k], seg[:k])
                 return cache[k]
 
             if req.config.do_sample:
-                accepted, last = verify(p_row, drafted, proposals, req.rng, self.target.vocab_size)
+                acc, last = verify(p_row, seg, req.proposals[pos: pos + len(seg)], req.rng, self.target.vocab_size,
+                                   bonus)
             else:
-                accepted, last = verify_greedy(p_row, drafted)
-            tokens = drafted[:accepted] + [last]
+                acc, last = verify_greedy(p_row, seg, bonus)
+        tokens = seg[:acc] + ([last] if last is not None else [])
+        if req.processor is not None:
             logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
-        self.target.trim(self.target.length - (len(drafted) - accepted))
-        if out.hidden is not None:
-            req.context = out.hidden[: accepted + 1].copy()
-        return drafted, tokens, accepted, logprobs, confidence
+        rejected = acc < len(seg)
+        kept_rows = acc + 1 if rejected else rows
+        req.kv_len += kept_rows
+        self.target.blocks.shrink(req.id, req.kv_len)
+        if hidden is not None:
+            req.context.append(hidden[:kept_rows].copy())
+        req.window_pos += rows
+        req.window_accepted += acc
+        req.window_steps += 1
+        done = rejected or bonus
+        confidence = req.confidence[pos: pos + len(seg)] if req.confidence else None
+        event = self._commit(req, seg, tokens, acc, timings, logprobs)
+        event.confidence = confidence
+        if done or event.finished:
+            if len(window) > 1:
+                event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
+                event.window_accepted = req.window_accepted
+                req.metrics.split_windows += int(req.window_steps > 1)
+            req.window = None
+        return event
 
     def _commit(self, req: _Request, drafted: list[int], tokens: list[int], accepted: int,
                 timings: StepTimings, logprobs: list[float] | None = None) -> StepEvent:
@@ -355,7 +506,13 @@ class SpeculativePipeline:
     def _finish(self, req: _Request, event: StepEvent) -> StepEvent:
         req.finish_reason = event.finish_reason
         self._record(req, event)
-        self._active = None
+        self.target.blocks.release(req.id)
+        if self.drafts is not None:
+            self.drafts.drop(req.id)
+        if req in self._running:
+            self._running.remove(req)
+        else:
+            self._waiting.remove(req)
         self._finished[req.id] = req
         while len(self._finished) > _KEEP_FINISHED:
             self._finished.popitem(last=False)

@@ -197,16 +197,24 @@ def test_bad_settings_are_refused_naming_the_field(tiny_qwen3_target, tiny_qwen3
         SpeculativePipeline.load(tiny_qwen3_target, None, precision="bf8")
 
 
-def test_kv_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_target, tiny_qwen3_drafts, qwen_alone) -> None:
-    """Rejected KV slots are masked, then compacted away; neither may change a token."""
-    from engine.models.target import TargetModel
+def test_draft_state_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_target, tiny_qwen3_drafts,
+                                                  qwen_alone) -> None:
+    """Padding slots of the batched draft state are masked, then compacted away; neither may change a token."""
+    from engine.drafting.draft_batch import DraftBatch
 
-    monkeypatch.setattr(TargetModel, "COMPACT_MIN_SLOTS", 4)
+    monkeypatch.setattr(DraftBatch, "COMPACT_MIN_SLOTS", 4)
+    monkeypatch.setattr(DraftBatch, "COMPACT_RATIO", 0.0)
     cfg = GenerationConfig(max_new_tokens=64, ignore_eos=True)
-    spec = SpeculativePipeline.load(tiny_qwen3_target, tiny_qwen3_drafts["b16_random"], precision="f32")
-    for prompt in PROMPTS[:2]:
-        assert spec.generate(prompt, cfg, chat=False).token_ids == qwen_alone.generate(prompt, cfg, chat=False).token_ids
-    assert spec.target.compactions > 0
+    spec = SpeculativePipeline.load(tiny_qwen3_target, tiny_qwen3_drafts["b8_trained"], precision="f32")
+    rids = [spec.add_request(PROMPTS[0], cfg, chat=False)]
+    for _ in range(6):
+        spec.step()
+    rids.append(spec.add_request(PROMPTS[1], cfg, chat=False))  # joins later: the first row gets its padding
+    while spec.has_unfinished():
+        spec.step()
+    for prompt, rid in zip(PROMPTS[:2], rids):
+        assert spec.result(rid).token_ids == qwen_alone.generate(prompt, cfg, chat=False).token_ids
+    assert spec.drafts.compactions > 0 and not spec.drafts.serial
 
 
 def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts) -> None:

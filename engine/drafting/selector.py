@@ -1,14 +1,15 @@
-"""The candidate selector: one place that turns a draft inference into N candidates for every variant.
+"""The candidate selector: one place that turns a draft inference into candidates for every variant.
 
 - no head: each row's argmax (greedy) or a draw from the processed row (sampled): rows are
   independent of each other.
 - Top-K candidate scorer (K > 0): the backbone's K best ids per row come out of the graph; ONE
-  scorer inference scores every (predecessor, candidate) pair of neighbouring rows; the walk picks
-  each candidate after the one before it (greedy) or draws it from softmax(E / T) over the K
-  (sampled; that sparse distribution is the proposal the verifier needs).
-- dense Markov walk (K = 0, DSpark): one head inference per position biases the whole row by the
-  token drafted before it.
-docs/draft-contract.md defines the head IRs.
+  scorer inference scores every (predecessor, candidate) pair of neighbouring rows of every
+  request in the step; the walk picks each candidate after the one before it (greedy) or draws it
+  from softmax(E / T) over the K (sampled; that sparse distribution is the proposal the verifier
+  needs).
+- dense Markov walk (K = 0, DSpark): one head inference per block position, for all requests that
+  walk densely, biases each whole row by the token drafted before it.
+docs/draft-contract.md defines the head IRs; engine/drafting/draft_batch.py runs the backbone.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.models.draft import DraftModel
+from engine.drafting.draft_batch import DraftBatch, DraftCall, DraftRows
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor
 
@@ -39,90 +40,129 @@ class SamplingSpec:
     temperature: float
 
 
+@dataclass
+class DraftJob:
+    """One request's drafting in a step: the backbone call plus how to choose its candidates."""
+
+    call: DraftCall
+    top_k: int  # the scorer's K (0 = dense walk); ignored without a head
+    sampling: SamplingSpec | None = None
+
+
 def _softmax(x: np.ndarray, temperature: float) -> np.ndarray:
     z = x.astype(np.float64) / temperature
     z = np.exp(z - z.max())
     return z / z.sum()
 
 
-def select_candidates(model: DraftModel, anchor: int, n: int, context: np.ndarray, top_k: int,
-                      sampling: SamplingSpec | None = None) -> Drafted:
-    """Run the draft once and choose n candidates; `top_k` is the scorer's K (0 = dense walk)."""
-    info = model.info
+def draft_candidates(batch: DraftBatch, jobs: list[DraftJob]) -> tuple[list[Drafted], float]:
+    """Run the backbone once for all jobs and choose their candidates; returns (per job, head ms)."""
+    info = batch.info
+    k_max = max((j.top_k if info.has_head and j.top_k > 0 else 1) for j in jobs)
+    rows = batch.run([j.call for j in jobs], k_max)
+    out: list[Drafted | None] = [None] * len(jobs)
+    head_ms = 0.0
     if not info.has_head:
-        ids = model.draft(anchor, n, context, top_k=1)
-        out = Drafted([int(t) for t in ids[:, 0]])
-        if sampling is not None:
-            rows = model.output("draft_logits")
-            out.tokens = []
-            for j in range(n):
-                q = sampling.processor.distribution(rows[j], out.tokens)
-                out.tokens.append(q.sample(sampling.rng.random()))
-                out.proposals.append(q)
-    elif top_k > 0:
-        out = _topk_walk(model, anchor, n, context, top_k, sampling)
+        for i, (job, r) in enumerate(zip(jobs, rows)):
+            out[i] = _unary(job, r)
     else:
-        out = _dense_walk(model, anchor, n, context, sampling)
+        scored = [i for i, j in enumerate(jobs) if j.top_k > 0]
+        dense = [i for i, j in enumerate(jobs) if j.top_k == 0]
+        if scored:
+            walks, ms = _topk_walks(batch, [jobs[i] for i in scored], [rows[i] for i in scored], k_max)
+            head_ms += ms
+            for i, d in zip(scored, walks):
+                out[i] = d
+        if dense:
+            walks, ms = _dense_walks(batch, [jobs[i] for i in dense], [rows[i] for i in dense])
+            head_ms += ms
+            for i, d in zip(dense, walks):
+                out[i] = d
     if info.confidence_source == "backbone":
-        out.confidence = [float(c) for c in model.output("confidence")[:n]]
+        for d, r in zip(out, rows):
+            d.confidence = [float(c) for c in r.output("confidence")]
+    return out, head_ms
+
+
+def _unary(job: DraftJob, rows: DraftRows) -> Drafted:
+    if job.sampling is None:
+        return Drafted([int(t) for t in rows.topk_ids[:, 0]])
+    logits = rows.output("draft_logits")
+    out = Drafted([])
+    for j in range(rows.n):
+        q = job.sampling.processor.distribution(logits[j], out.tokens)
+        out.tokens.append(q.sample(job.sampling.rng.random()))
+        out.proposals.append(q)
     return out
 
 
-def _topk_walk(model: DraftModel, anchor: int, n: int, context: np.ndarray, k: int,
-               sampling: SamplingSpec | None) -> Drafted:
-    ids = model.draft(anchor, n, context, top_k=k).astype(np.int64)  # [n, K]
-    unary = model.output("draft_topk_logits")  # [n, K]
-    hidden = model.output("last_hidden_state")  # [n, H]
-    pred = np.empty_like(ids)
-    pred[0, :] = anchor
-    pred[1:] = ids[:-1]
+def _topk_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows], k_max: int
+                ) -> tuple[list[Drafted], float]:
+    """One scorer inference over every job's rows, then each job's walk over its own K columns."""
+    ids = [r.topk_ids.astype(np.int64) for r in rows]  # [n, K_max] each
+    pred = []
+    for job, cand in zip(jobs, ids):
+        p = np.empty_like(cand)
+        p[0, :] = job.call.anchor
+        p[1:] = cand[:-1]
+        pred.append(p)
     t0 = time.perf_counter()
-    model.scorer.infer({"predecessor_ids": pred, "candidate_ids": ids,
-                        "draft_hidden_states": np.ascontiguousarray(hidden[:n])},
-                       share_inputs=True, share_outputs=True)
-    edges = unary[:, None, :] + model.scorer.get_tensor("edge_bias").data  # [n, K, K]
-    out = Drafted([], head_ms=(time.perf_counter() - t0) * 1e3)
-    head_confidence = (model.scorer.get_tensor("confidence").data
-                       if model.info.confidence_source == "markov_head" else None)  # [n, K]
-    if head_confidence is not None:
-        out.confidence = []
-    prev = 0  # row 0: every predecessor is the anchor
-    for p in range(n):
-        if head_confidence is not None:
-            out.confidence.append(float(head_confidence[p, prev]))
-        row = edges[p, prev]
-        if sampling is None:
-            j = int(np.argmax(row))
-        else:
-            q = Dist(_softmax(row, sampling.temperature), ids[p].copy())
-            j = int(np.flatnonzero(q.ids == q.sample(sampling.rng.random()))[0])
-            out.proposals.append(q)
-        out.tokens.append(int(ids[p, j]))
-        prev = j
-    return out
+    scorer = batch.model.scorer
+    scorer.infer({"predecessor_ids": np.concatenate(pred), "candidate_ids": np.concatenate(ids),
+                  "draft_hidden_states": np.ascontiguousarray(np.concatenate([r.hidden for r in rows]))},
+                 share_inputs=True, share_outputs=True)
+    bias = scorer.get_tensor("edge_bias").data  # [sum n, K, K]
+    conf = scorer.get_tensor("confidence").data if batch.info.confidence_source == "markov_head" else None
+    head_ms = (time.perf_counter() - t0) * 1e3
+    out, at = [], 0
+    for job, r, cand in zip(jobs, rows, ids):
+        k = job.top_k
+        d = Drafted([], confidence=[] if conf is not None else None)
+        prev = 0  # row 0: every predecessor is the anchor
+        for p in range(r.n):
+            if conf is not None:
+                d.confidence.append(float(conf[at + p, prev]))
+            edge = r.topk_logits[p, :k] + bias[at + p, prev, :k]
+            if job.sampling is None:
+                j = int(np.argmax(edge))
+            else:
+                q = Dist(_softmax(edge, job.sampling.temperature), cand[p, :k].copy())
+                j = int(np.flatnonzero(q.ids == q.sample(job.sampling.rng.random()))[0])
+                d.proposals.append(q)
+            d.tokens.append(int(cand[p, j]))
+            prev = j
+        at += r.n
+        out.append(d)
+    return out, head_ms
 
 
-def _dense_walk(model: DraftModel, anchor: int, n: int, context: np.ndarray,
-                sampling: SamplingSpec | None) -> Drafted:
-    model.draft(anchor, n, context, top_k=1)
-    rows = model.output("draft_logits")  # [n, V]
-    hidden = model.output("last_hidden_state")
-    out = Drafted([], confidence=[] if model.info.confidence_source == "markov_head" else None)
-    prev = anchor
-    for p in range(n):
+def _dense_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows]) -> tuple[list[Drafted], float]:
+    """The dense walk of every job at once: one head inference per block position."""
+    head = batch.model.dense_head
+    logits = [r.output("draft_logits") for r in rows]
+    with_conf = batch.info.confidence_source == "markov_head"
+    out = [Drafted([], confidence=[] if with_conf else None) for _ in jobs]
+    prev = [job.call.anchor for job in jobs]
+    head_ms = 0.0
+    for p in range(max(r.n for r in rows)):
+        live = [i for i, r in enumerate(rows) if p < r.n]
         t0 = time.perf_counter()
-        model.dense_head.infer({"predecessor_ids": np.array([prev], np.int64),
-                                "draft_hidden_states": np.ascontiguousarray(hidden[p: p + 1])},
-                               share_inputs=True, share_outputs=True)
-        logits = rows[p] + model.dense_head.get_tensor("bias").data[0]
-        out.head_ms += (time.perf_counter() - t0) * 1e3
-        if out.confidence is not None:
-            out.confidence.append(float(model.dense_head.get_tensor("confidence").data[0]))
-        if sampling is None:
-            prev = int(np.argmax(logits))
-        else:
-            q = sampling.processor.distribution(logits, out.tokens)
-            prev = q.sample(sampling.rng.random())
-            out.proposals.append(q)
-        out.tokens.append(prev)
-    return out
+        head.infer({"predecessor_ids": np.array([prev[i] for i in live], np.int64),
+                    "draft_hidden_states": np.ascontiguousarray(np.stack([rows[i].hidden[p] for i in live]))},
+                   share_inputs=True, share_outputs=True)
+        bias = head.get_tensor("bias").data
+        conf = head.get_tensor("confidence").data if with_conf else None
+        head_ms += (time.perf_counter() - t0) * 1e3
+        for b, i in enumerate(live):
+            row = logits[i][p] + bias[b]
+            if with_conf:
+                out[i].confidence.append(float(conf[b]))
+            sampling = jobs[i].sampling
+            if sampling is None:
+                prev[i] = int(np.argmax(row))
+            else:
+                q = sampling.processor.distribution(row, out[i].tokens)
+                prev[i] = q.sample(sampling.rng.random())
+                out[i].proposals.append(q)
+            out[i].tokens.append(prev[i])
+    return out, head_ms

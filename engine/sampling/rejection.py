@@ -30,8 +30,11 @@ def residual(p: Dist, q: Dist, vocab: int) -> Dist:
 
 
 def verify(p_row: PRow, drafted: list[int], proposals: list[Dist], rng: np.random.Generator,
-           vocab: int) -> tuple[int, int]:
-    """(number of drafted tokens accepted, the token emitted after them)."""
+           vocab: int, bonus: bool = True) -> tuple[int, int | None]:
+    """(number of drafted tokens accepted, the token emitted after them).
+
+    bonus=False validates part of a split window: when all pass, no token follows yet (None); the
+    draws happen in the same order as for the whole window, so a split changes nothing."""
     for k, x in enumerate(drafted):
         p = p_row(k)
         px = p.prob(x)
@@ -40,13 +43,13 @@ def verify(p_row: PRow, drafted: list[int], proposals: list[Dist], rng: np.rando
         if qx > 0.0 and u < min(1.0, px / qx):
             continue
         return k, residual(p, proposals[k], vocab).sample(rng.random())
-    return len(drafted), p_row(len(drafted)).sample(rng.random())
+    return len(drafted), p_row(len(drafted)).sample(rng.random()) if bonus else None
 
 
-def verify_greedy(p_row: PRow, drafted: list[int]) -> tuple[int, int]:
+def verify_greedy(p_row: PRow, drafted: list[int], bonus: bool = True) -> tuple[int, int | None]:
     """Greedy targets with logit processors: accept while the draft equals the processed argmax."""
     for k, x in enumerate(drafted):
         best = p_row(k).argmax()
         if best != x:
             return k, best
-    return len(drafted), p_row(len(drafted)).argmax()
+    return len(drafted), p_row(len(drafted)).argmax() if bonus else None

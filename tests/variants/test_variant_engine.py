@@ -9,10 +9,11 @@ import openvino as ov
 import pytest
 
 from engine.config import GenerationConfig
-from engine.drafting.selector import select_candidates
+from engine.drafting.draft_batch import DraftBatch, DraftCall
+from engine.drafting.selector import DraftJob, draft_candidates
 from engine.models.draft import DraftModel, draft_compile_properties, read_draft_info
 from engine.models.properties import compile_properties
-from engine.models.target import TargetModel
+from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.pipeline import SpeculativePipeline
 from fixtures.distribution_check import assert_follows_target
 from fixtures.tiny_variant_drafts import load_torch_draft
@@ -57,13 +58,15 @@ def test_engine_candidates_equal_the_torch_reference(tiny_qwen3_target, tiny_var
     core = ov.Core()
     props = compile_properties("CPU", "f32")
     info = read_draft_info(tiny_variant_drafts[name], core)
-    target = TargetModel(tiny_qwen3_target, core, "CPU", props, info.target_layer_ids)
+    target = PagedTarget(tiny_qwen3_target, core, "CPU", props, info.target_layer_ids, num_blocks=4)
     model = DraftModel(info, tiny_qwen3_target, core, "CPU", props)
     ids = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32").encode_prompt(PROMPTS[1], chat=False)
-    out = target.infer(ids)
-    anchor, context = int(out.next_ids[-1]), out.hidden.copy()
+    target.blocks.grow(0, len(ids))
+    out = target.infer([SeqChunk(0, ids, 0, 1)])
+    anchor, context = int(out.next_ids[0][-1]), out.hidden[0].copy()
     n = min(5, info.max_candidates)
-    got = select_candidates(model, anchor, n, context, k).tokens
+    (drafted,), _ = draft_candidates(DraftBatch(model), [DraftJob(DraftCall(0, anchor, n, context), k)])
+    got = drafted.tokens
     assert got == _reference(tiny_variant_drafts[name], target_weights, anchor, context, n, mode, k)
 
 

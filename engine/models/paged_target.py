@@ -1,0 +1,129 @@
+"""The target as a PagedAttention model: many sequences of different lengths in one inference.
+
+At load the stateful optimum-intel IR goes through openvino's `paged_attention_transformation`
+(the same SDPA -> PagedAttention rewrite openvino_genai applies): the KV cache becomes per-layer
+`key_cache.i` / `value_cache.i` tensors of fixed-size blocks that we allocate once, and each
+inference names, per sequence, its new tokens, how many it already has (`past_lens`) and which
+blocks hold them (engine/models/kv_blocks.py). Rolling back a rejection is a shorter length.
+The graph edits of engine/models/target.py are applied on top (rows gathered before the lm_head,
+argmax ids in the graph, the tapped layers' rows concatenated).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from engine.errors import ModelFolderError
+from engine.models.kv_blocks import BlockTable
+from engine.models.target import _lm_head, check_target_dir, edit_target_graph, num_decoder_layers
+
+PA_INPUTS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
+             "block_indices_begins", "max_context_len", "logits_indices")
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's part of a batched inference."""
+
+    seq: int  # block-table key
+    ids: list[int]  # new tokens, appended at positions past..past+len-1
+    past: int  # tokens of this sequence already in the cache
+    logit_rows: int  # how many of the LAST rows need logits / argmax ids (0: none)
+
+
+@dataclass
+class BatchOutput:
+    """A batched inference's outputs, split per chunk (views; copy what must outlive the next call)."""
+
+    next_ids: list[np.ndarray]  # per chunk: [logit_rows] argmax ids
+    logits: list[np.ndarray | None]  # per chunk: [logit_rows, V] float32 when asked for
+    hidden: list[np.ndarray | None]  # per chunk: [len(ids), n*H] tapped rows (with taps)
+
+
+class PagedTarget:
+    """A compiled PagedAttention target plus its block table."""
+
+    def __init__(self, folder: Path, core: ov.Core, device: str, properties: dict[str, str],
+                 tap_layers: list[int] | None = None, num_blocks: int | None = None,
+                 cache_size_mb: int = 512) -> None:
+        from openvino._offline_transformations import paged_attention_transformation
+
+        check_target_dir(folder)
+        self.folder = Path(folder)
+        self.device = device
+        self.config = (json.loads((self.folder / "config.json").read_text())
+                       if (self.folder / "config.json").is_file() else {})
+        model = core.read_model(self.folder / "openvino_model.xml")
+        self.num_layers = num_decoder_layers(model)
+        self.vocab_size = int(model.output("logits").get_partial_shape()[2].get_length())
+        self.hidden_size = int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length())
+        if not any(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops()):
+            raise ModelFolderError(f"{self.folder.name} has no ScaledDotProductAttention: export it again with "
+                                   "optimum-intel (`dflash-studio export --kind target`), task text-generation-with-past.")
+        paged_attention_transformation(model, False, False)
+        self.tap_layers = list(tap_layers) if tap_layers else []
+        edit_target_graph(model, self.tap_layers, row_axis=0)
+        self.compiled = core.compile_model(model, device, properties)
+        self.request = self.compiled.create_infer_request()
+        caches = [p for p in self.compiled.inputs if p.get_any_name().startswith(("key_cache.", "value_cache."))]
+        unknown = [p.get_any_name() for p in self.compiled.inputs
+                   if p.get_any_name() not in PA_INPUTS and p not in caches]
+        if unknown:
+            raise ModelFolderError(f"{self.folder.name}: the paged model has inputs this engine does not fill "
+                                   f"({', '.join(unknown)}); this architecture is not supported yet.")
+        shapes = {p.get_any_name(): [d.get_length() for d in list(p.get_partial_shape())[1:]] for p in caches}
+        self.block_size = shapes["value_cache.0"][1]
+        block_bytes = sum(int(np.prod(s)) * p.get_element_type().size for p, s in zip(caches, shapes.values()))
+        self.bytes_per_block = block_bytes
+        if num_blocks is None:
+            num_blocks = max(1, (cache_size_mb << 20) // block_bytes)
+        self.blocks = BlockTable(int(num_blocks), self.block_size)
+        for port in caches:
+            name = port.get_any_name()
+            tensor = ov.Tensor(port.get_element_type(), [self.blocks.num_blocks, *shapes[name]])
+            try:
+                tensor.data[...] = 0  # unused slots are never read; zeros keep garbage out of any reduction
+            except (RuntimeError, TypeError, ValueError):
+                pass  # element types numpy cannot view (bf16); the plugin never reads unwritten slots
+            self.request.set_tensor(name, tensor)
+        self.inferences = 0
+
+    def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
+        """One inference for every chunk; the caller has grown each chunk's blocks to past + len(ids)."""
+        lens = [len(c.ids) for c in chunks]
+        starts = np.zeros(len(chunks) + 1, np.int32)
+        np.cumsum(lens, out=starts[1:])
+        ids = np.fromiter((t for c in chunks for t in c.ids), np.int64, int(starts[-1]))
+        positions = np.concatenate([np.arange(c.past, c.past + n, dtype=np.int64) for c, n in zip(chunks, lens)])
+        tables = [self.blocks.blocks(c.seq)[: self.blocks.blocks_for(c.past + n)] for c, n in zip(chunks, lens)]
+        table_starts = np.zeros(len(chunks) + 1, np.int32)
+        np.cumsum([len(t) for t in tables], out=table_starts[1:])
+        rows = np.concatenate([np.arange(s + n - c.logit_rows, s + n, dtype=np.int64)
+                               for c, s, n in zip(chunks, starts[:-1], lens)])
+        self.request.infer({
+            "input_ids": ids,
+            "position_ids": positions,
+            "past_lens": np.array([c.past for c in chunks], np.int32),
+            "subsequence_begins": starts,
+            "block_indices": np.fromiter((b for t in tables for b in t), np.int32, int(table_starts[-1])),
+            "block_indices_begins": table_starts,
+            "max_context_len": np.array(max(c.past + n for c, n in zip(chunks, lens)), np.int32),
+            "logits_indices": rows if rows.size else np.zeros(1, np.int64),
+        }, share_inputs=True, share_outputs=True)
+        self.inferences += 1
+        next_ids = self.request.get_tensor("next_token_ids").data.reshape(-1)
+        logits = self.request.get_tensor("logits").data.reshape(-1, self.vocab_size) if want_logits else None
+        hidden = (self.request.get_tensor("target_hidden").data.reshape(int(starts[-1]), -1)
+                  if self.tap_layers else None)
+        out = BatchOutput([], [], [])
+        at = 0
+        for c, s, n in zip(chunks, starts[:-1], lens):
+            out.next_ids.append(next_ids[at: at + c.logit_rows])
+            out.logits.append(logits[at: at + c.logit_rows] if logits is not None else None)
+            out.hidden.append(hidden[s: s + n] if hidden is not None else None)
+            at += c.logit_rows
+        return out
