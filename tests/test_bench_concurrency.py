@@ -245,3 +245,39 @@ def test_cli_bench_concurrency_json_and_out(tmp_path, tiny_qwen3_target, tiny_qw
     assert "--concurrency 1 2" in saved["settings"]["command"]
     assert "| config | concurrency |" in (out / "results.md").read_text()
     assert (out / "results.csv").read_text().startswith("config,")
+
+
+@pytest.mark.slow
+def test_cli_scheduler_flags_reach_the_engine_and_the_peer(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts, capsys,
+                                                           monkeypatch):
+    if cc.scheduler_class() is None:
+        pytest.skip("engine/scheduler.py has not landed")
+    from engine.cli import main
+    from engine.pipeline import SpeculativePipeline
+
+    seen = []
+    real_load = SpeculativePipeline.load.__func__
+
+    def load(cls, target_dir, draft_dir=None, device="CPU", precision="default", core=None, scheduler=None):
+        seen.append(scheduler)
+        return real_load(cls, target_dir, draft_dir, device=device, precision=precision, core=core,
+                         scheduler=scheduler)
+
+    monkeypatch.setattr(SpeculativePipeline, "load", classmethod(load))
+    out = tmp_path / "results"
+    # A budget of 16 rows chunks the prompts and splits validation windows; f32 keeps every output exact.
+    rc = main(["bench", "--target", str(tiny_qwen3_target), "--draft", str(tiny_qwen3_drafts["b8_trained"]),
+               "--prompts", "3", "--max-new-tokens", "12", "--precision", "f32", "--concurrency", "3",
+               "--max-num-batched-tokens", "16", "--max-num-seqs", "2", "--json", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert len(seen) == 2 and all(s is not None and (s.max_num_batched_tokens, s.max_num_seqs) == (16, 2)
+                                  for s in seen)
+    rows = json.loads(cap.out)
+    assert [r["engine"] for r in rows] == ["engine", "openvino_genai CB", "engine"]
+    assert all(r["matches_target"] == 3 and r["concurrency"] == 3 for r in rows)
+    assert all(r["requests_per_step"] <= 2 + 1e-9 for r in rows if r["engine"] == "engine")
+    saved = json.loads((out / "results.json").read_text())
+    assert "max_num_batched_tokens=16, max_num_seqs=2" in saved["settings"]["genai_scheduler"]
+    assert "--max-num-batched-tokens 16 --max-num-seqs 2" in saved["settings"]["command"]
+    assert any("max_num_seqs=2" in n for n in saved["notes"])
