@@ -1,9 +1,9 @@
-"""SpeculativePipeline: DFlash block drafting verified by the target, one step at a time.
+"""SpeculativePipeline: DFlash block drafting verified by the target, many requests per step.
 
-One step = one target inference for the active request: its prefill (which emits the first
-token), or a verification of [anchor, candidates...] drafted by one draft inference. The target
-alone (no draft) runs through the same loop and is every comparison's baseline. Requests are
-queued and served one after another; add_request/step/cancel are shaped for several per step.
+One step = one target inference for every scheduled request (prompt chunks and validation rows of
+[anchor, candidates...] windows, drafted by one draft inference for all of them), under a token
+budget, with split windows and preemption (engine/scheduler.py, docs/batching.md). The target
+alone (no draft) runs through the same loop and is every comparison's baseline.
 """
 from __future__ import annotations
 
