@@ -1,7 +1,8 @@
 """The main window: conversations, chat, model/device pickers, generation settings, live plots.
 
 The window only renders engine events and sends intent to the engine through EngineController;
-everything that runs a model happens on the worker thread.
+everything that runs a model happens on the worker thread. Several conversations can have a reply
+streaming at once (the engine serves them in shared steps); each conversation has at most one.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QSettings, QSize, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QCloseEvent, QColor, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
                                QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
@@ -118,6 +119,19 @@ class ElidedLabel(QLabel):
         super().setText(shown)
 
 
+def _dot_icon(color: str) -> QIcon:
+    """A small filled circle: marks conversations with a reply streaming."""
+    pm = QPixmap(12, 12)
+    pm.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pm)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(QColor(color))
+    painter.drawEllipse(2, 2, 8, 8)
+    painter.end()
+    return QIcon(pm)
+
+
 def _html(text: str) -> str:
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
@@ -145,6 +159,11 @@ class MainWindow(QMainWindow):
         self.current: Conversation | None = None
         self.streams: dict[str, tuple[Conversation, Message]] = {}  # tag -> where its text goes
         self.stopped: set[str] = set()  # tags the person stopped (their late text is dropped)
+        # The live plots follow one reply: the streaming one of the conversation on screen (else the
+        # one they showed last). The events of every streaming reply are kept so a switch can replay.
+        self.plot_tag: str | None = None
+        self._stream_events: dict[str, list] = {}
+        self._streaming_icon = _dot_icon("#12b76a")
         self.corrupt: list[CorruptFile] = []
         self._closing = False
         self._closed = False
@@ -433,12 +452,16 @@ class MainWindow(QMainWindow):
             it.setToolTip(f"{conv.title}\n{len(conv.messages)} messages · "
                           f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
             it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
+            if self.live_tag(conv) is not None:
+                it.setIcon(self._streaming_icon)
             self.conv_list.addItem(it)
             if conv.id == current_id:
                 self.conv_list.setCurrentItem(it)
         self.conv_list.blockSignals(False)
 
     def select_conversation(self, conv: Conversation) -> None:
+        if self._text_timer.isActive():
+            self._flush_text()  # the text that arrived goes to the view it was meant for first
         self.current = conv
         self.settings.setValue(S.K_LAST_CONVERSATION, conv.id)
         self.chat.set_conversation(conv)
@@ -450,6 +473,9 @@ class MainWindow(QMainWindow):
                 self.conv_list.blockSignals(True)
                 self.conv_list.setCurrentItem(it)
                 self.conv_list.blockSignals(False)
+        tag = self.live_tag(conv)
+        if tag is not None:
+            self._follow(tag)
         self._update_actions()
 
     def new_conversation(self) -> None:
@@ -475,6 +501,7 @@ class MainWindow(QMainWindow):
         self.store.delete(conv)
         self.conversations = [c for c in self.conversations if c is not conv]
         self.current = None
+        self._update_stream_marks()
         if not self.conversations:
             self._make_conversation()
         self._fill_conv_list()
@@ -506,6 +533,8 @@ class MainWindow(QMainWindow):
     def _save(self, conv: Conversation) -> None:
         if not conv.messages and not conv.system_prompt:
             return  # nothing worth a file yet
+        if not any(c is conv for c in self.conversations):
+            return  # deleted while its reply was streaming: its late end must not bring the file back
         conv.updated = time.time()
         try:
             self.store.save(conv)
@@ -549,7 +578,7 @@ class MainWindow(QMainWindow):
         if self._closing:
             return
         if self.controller.generating:
-            self.stop()
+            self.stop_all()  # the replies of every conversation: the engine they run on goes away
         self.state_label.setText(f"Loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")
                                  + f" on {device}…")
         self.model_panel.set_loaded("Loading…")
@@ -629,8 +658,9 @@ class MainWindow(QMainWindow):
         if self.controller.loading:
             self.state_label.setText("Wait for the model to finish loading.")
             return False
-        if any(tag not in self.stopped for tag in self.streams):
-            self.state_label.setText("A reply is still streaming: press Esc to stop it first.")
+        if self.current is not None and self.live_tag(self.current) is not None:
+            self.state_label.setText("This conversation's reply is still streaming: wait for it or press Esc "
+                                     "to stop it (other conversations can chat meanwhile).")
             return False
         if self.controller.benchmarking:
             self.state_label.setText("A comparison run is using the engine (Compare tab): cancel it there or "
@@ -658,17 +688,66 @@ class MainWindow(QMainWindow):
         self.input.clear()
         self._refresh_title(conv)
         self.streams[reply.id] = (conv, reply)
+        self._stream_events[reply.id] = []
         self._save(conv)
-        self.plots.reset()
-        self.plots.start()
-        self.state_label.setText("Generating…")
+        self._follow(reply.id)
+        self._update_stream_marks()
+        self._show_streaming_state()
         self.controller.generate(GenerateRequest(reply.id, prompt, config, chat))
         self._update_actions()
         return True
 
+    def live_tag(self, conv: Conversation) -> str | None:
+        """The tag of `conv`'s streaming reply (not stopped), if it has one."""
+        return next((t for t, (c, _m) in self.streams.items() if c is conv and t not in self.stopped), None)
+
+    def live_tags(self) -> list[str]:
+        return [t for t in self.streams if t not in self.stopped]
+
+    def _show_streaming_state(self) -> None:
+        n = len(self.live_tags())
+        if n:
+            self.state_label.setText("Generating…" if n == 1 else f"Generating {n} replies…")
+
+    def _follow(self, tag: str) -> None:
+        """Show `tag`'s steps in the live plots (replaying what it did so far)."""
+        entry = self.streams.get(tag)
+        if entry is not None:
+            self.plots_dock.setWindowTitle(f"Live plots: {entry[0].title}")
+        if tag == self.plot_tag:
+            return
+        self.plot_tag = tag
+        self.plots.reset()
+        self.plots.add_events(self._stream_events.get(tag, ()))
+        if tag in self.streams and tag not in self.stopped:
+            self.plots.start()
+        else:
+            self.plots.stop()
+
+    def _update_stream_marks(self) -> None:
+        """A dot beside every conversation with a reply streaming."""
+        live = {id(c) for t, (c, _m) in self.streams.items() if t not in self.stopped}
+        for i in range(self.conv_list.count()):
+            it = self.conv_list.item(i)
+            conv = next((c for c in self.conversations if c.id == it.data(Qt.ItemDataRole.UserRole)), None)
+            on = conv is not None and id(conv) in live
+            if on != (not it.icon().isNull()):
+                self.conv_list.blockSignals(True)
+                it.setIcon(self._streaming_icon if on else QIcon())
+                self.conv_list.blockSignals(False)
+
     def stop(self) -> None:
-        """Stop every streaming reply now: the text stops at once, the engine cancels next step."""
-        live = [t for t in self.streams if t not in self.stopped]
+        """Stop the shown conversation's streaming reply now (Esc, Stop): the text stops at once, the
+        engine cancels it before its next step; replies of other conversations go on."""
+        tag = self.live_tag(self.current) if self.current is not None else None
+        if tag is not None:
+            self._stop([tag])
+
+    def stop_all(self) -> None:
+        """Stop every streaming reply (loading another model)."""
+        self._stop(self.live_tags())
+
+    def _stop(self, live: list[str]) -> None:
         if not live:
             return
         self._flush_text()  # what arrived before the stop is shown; nothing after it
@@ -680,7 +759,12 @@ class MainWindow(QMainWindow):
             msg.finish_reason = "cancelled"
             self.chat.message_changed(msg)
             self._save(conv)
-        self.state_label.setText("Stopped.")
+        if self.plot_tag in live:
+            self.plots.stop()
+        self._update_stream_marks()
+        n = len(self.live_tags())
+        self.state_label.setText("Stopped." + (f" {n} repl{'y' if n == 1 else 'ies'} in other conversations still "
+                                               "streaming." if n else ""))
         self._update_actions()
 
     def _on_events(self, tag: str, events: list) -> None:
@@ -698,7 +782,11 @@ class MainWindow(QMainWindow):
                     new.append((p.text, p.from_draft))
         if new and not self._text_timer.isActive():
             self._text_timer.start(self.text_interval_ms)
-        self.plots.add_events(events)
+        kept = self._stream_events.get(tag)
+        if kept is not None:
+            kept.extend(events)
+        if tag == self.plot_tag:
+            self.plots.add_events(events)
 
     def _flush_text(self) -> None:
         """Show the text that arrived since the last flush (one edit block per message)."""
@@ -710,14 +798,16 @@ class MainWindow(QMainWindow):
         for tag, pieces in pending.items():
             entry = self.streams.get(tag)
             if entry is not None and pieces:
-                self.chat.pieces_added(entry[1], pieces)
+                self.chat.pieces_added(entry[1], pieces)  # a no-op unless its conversation is shown
         cost_ms = (time.perf_counter() - t0) * 1000.0
         self.text_interval_ms = int(min(MAX_TEXT_FLUSH_MS, max(TEXT_FLUSH_MS, cost_ms / TEXT_SHARE)))
 
     def _on_finished(self, tag: str, fin: FinishInfo) -> None:
-        if tag in self._pending_text:
-            self._flush_text()
+        # Show what is pending first: a redraw of the shown conversation (message_changed) draws its
+        # messages from the model, and pending text drawn after that would appear twice.
+        self._flush_text()
         entry = self.streams.pop(tag, None)
+        self._stream_events.pop(tag, None)
         was_stopped = tag in self.stopped
         self.stopped.discard(tag)
         if entry is None or self._closing:
@@ -726,13 +816,22 @@ class MainWindow(QMainWindow):
         msg.stats = fin.stats or None
         msg.finish_reason = fin.reason
         msg.status = CANCELLED if (was_stopped or fin.reason == "cancelled") else DONE
-        self.chat.message_changed(msg)
+        self.chat.message_changed(msg)  # drawn now when its conversation is shown, else when it is next
         self._save(conv)
-        if not self.streams:
-            self.plots.stop()
-            if not was_stopped:
-                self.state_label.setText("Done." if fin.reason != "length" else "Done (max new tokens reached).")
+        self._stream_ended(tag)
+        if not was_stopped:
+            n = len(self.live_tags())
+            done = "Done." if fin.reason != "length" else "Done (max new tokens reached)."
+            if conv is not self.current:
+                done = f"“{conv.title}”: " + done[0].lower() + done[1:]
+            self.state_label.setText(done + (f" {n} repl{'y' if n == 1 else 'ies'} still streaming." if n else ""))
         self._update_actions()
+
+    def _stream_ended(self, tag: str) -> None:
+        """The plots stop with the reply they follow (keeping its picture); the dots follow the streams."""
+        if tag == self.plot_tag:
+            self.plots.stop()
+        self._update_stream_marks()
 
     def _bad_setting(self, message: str) -> None:
         """A ValueError about a setting: shown under its field in the Generation panel (else a banner)."""
@@ -759,17 +858,20 @@ class MainWindow(QMainWindow):
         self._refresh_title(conv)
         if conv is self.current:
             self.chat.set_conversation(conv)
+        elif any(c is conv for c in self.conversations) and not self.input.toPlainText().strip():
+            # Refused within one step of sending, but the person already switched: go back to where
+            # the text belongs, so the restored message is sent there once the setting is changed.
+            self.select_conversation(conv)
         if text and not self.input.toPlainText().strip():
             self.input.setPlainText(text)
-        if not self.streams:
-            self.plots.stop()
+        self._stream_ended(reply.id)
         self._bad_setting(err.message)
         self._update_actions()
 
     def _on_failed(self, tag: str, err: ErrorInfo) -> None:
-        if tag in self._pending_text:
-            self._flush_text()
+        self._flush_text()  # as in _on_finished
         entry = self.streams.pop(tag, None)
+        self._stream_events.pop(tag, None)
         self.stopped.discard(tag)
         if self._closing:
             return
@@ -782,8 +884,7 @@ class MainWindow(QMainWindow):
             msg.error = err.message
             self.chat.message_changed(msg)
             self._save(conv)
-        if not self.streams:
-            self.plots.stop()
+        self._stream_ended(tag)
         self.state_label.setText("The engine reported an error; the chat is intact.")
         self.show_error(err)
         self._update_actions()
@@ -797,6 +898,7 @@ class MainWindow(QMainWindow):
                 w.blockSignals(True)
                 w.setChecked(on)
                 w.blockSignals(False)
+        self._flush_text()  # the view is redrawn from the model
         self.chat.set_mark_draft(on)
         self.legend_draft.setEnabled(on)
         self.settings.setValue(S.K_MARK_DRAFT, on)
@@ -812,7 +914,8 @@ class MainWindow(QMainWindow):
             self.conv_title.setText(conv.title)
 
     def _update_actions(self) -> None:
-        streaming = any(t not in self.stopped for t in self.streams)
+        # Send and Stop are about the conversation on screen: others may stream meanwhile.
+        streaming = self.current is not None and self.live_tag(self.current) is not None
         ready = self.engine_info is not None and not self.controller.loading
         self.send_button.setEnabled(ready and not streaming and not self.controller.benchmarking)
         self.stop_button.setEnabled(streaming)

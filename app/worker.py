@@ -1,15 +1,23 @@
 """One QThread over the engine: loads models, runs requests, batches step events, reports errors.
 
 All engine calls happen on the worker thread. The GUI talks to it only through `EngineController`
-(queued signals in, queued signals out) and a thread-safe cancel set; the worker never touches a
-widget. Step events are sent in batches (at most one signal per `flush_interval_s`, plus one at the
-end), never one signal per token.
+(queued signals in, queued signals out), a thread-safe queue of generate requests and a thread-safe
+cancel set; the worker never touches a widget.
+
+Generation is a pump: the engine serves many requests per step (docs/batching.md), so the worker
+keeps every live request in one loop. Between two steps it takes the queued requests in
+(`add_request`), sends the cancels the GUI asked for (`pipe.cancel(rid)`), then steps once for all
+of them and routes each event to its request's tag by `request_id`. Step events are sent in batches
+per tag (at most one signal per tag per `flush_interval_s`, plus one at the end), never one signal
+per token. The loop ends when nothing is live; a request that arrives later wakes it again.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -75,6 +83,25 @@ class GenerateRequest:
     prompt: Any  # str | list[dict] | list[int]
     config: GenerationConfig
     chat: bool | None = None
+
+
+@dataclass
+class _Live:
+    """A request the engine is serving (worker thread only)."""
+
+    req: GenerateRequest
+    rid: int
+    tally: "_Tally"
+    batch: list[Any] = field(default_factory=list)
+    last_flush: float = field(default_factory=time.perf_counter)
+    cancel_sent: bool = False
+    cancel_this_step: bool = False  # cancel sent before the step now running: its event is due
+    done: bool = False
+    reason: str = "unknown"
+
+    @property
+    def tag(self) -> str:
+        return self.req.tag
 
 
 @dataclass
@@ -221,12 +248,23 @@ class EngineWorker(QObject):
         self._info: EngineInfo | None = None
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
+        # (epoch, request): a request waits for the loads / comparison runs sent before it (its
+        # epoch) and is taken in by the pump between two steps. Filled from the GUI thread.
+        self._queue: deque[tuple[int, GenerateRequest]] = deque()
+        self._epochs_done = 0  # loads / comparison runs this worker has started (worker thread)
+        self._live: dict[int, _Live] = {}  # request id -> live request (worker thread)
+        self._pumping = False
         self.shutting_down = threading.Event()
 
     # -- called from the GUI thread (thread-safe) ------------------------------------------------
     def request_cancel(self, tag: str) -> None:
         with self._lock:
             self._cancelled.add(tag)
+
+    def enqueue(self, req: GenerateRequest, epoch: int = 0) -> None:
+        """Queue a request; the pump takes it in between two steps (wake it with a queued call)."""
+        with self._lock:
+            self._queue.append((epoch, req))
 
     def _is_cancelled(self, tag: str) -> bool:
         with self._lock:
@@ -235,9 +273,21 @@ class EngineWorker(QObject):
     def release(self) -> None:
         self._pipe = None
 
+    @property
+    def live_tags(self) -> list[str]:
+        """Tags of the requests the engine is serving now (read on the worker thread; tests)."""
+        return [lv.tag for lv in list(self._live.values())]
+
     # -- slots (worker thread) -------------------------------------------------------------------
     @Slot(object)
     def do_load(self, req: dict) -> None:
+        self._epochs_done += 1
+        try:
+            self._load(req)
+        finally:
+            self.pump()  # requests sent after this load run on what it loaded
+
+    def _load(self, req: dict) -> None:
         if self.shutting_down.is_set():
             return
         t0 = time.perf_counter()
@@ -270,8 +320,40 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def do_generate(self, req: GenerateRequest) -> None:
+        """Queue one request and serve it (with whatever else is live) until nothing is live."""
+        self.enqueue(req, self._epochs_done)
+        self.pump()
+
+    @Slot()
+    def pump(self) -> None:
+        """Serve every live request, one engine step at a time, taking queued requests in between
+        steps; return when nothing is live (a later request wakes it again)."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while True:
+                self._admit()
+                if not self._live:
+                    break
+                self._step_once()
+        finally:
+            self._pumping = False
+
+    def _admit(self) -> None:
+        """add_request for every queued request whose loads / comparison runs have started."""
+        while True:
+            with self._lock:
+                if not self._queue or self._queue[0][0] > self._epochs_done:
+                    return
+                _epoch, req = self._queue.popleft()
+            self._start(req)
+
+    def _start(self, req: GenerateRequest) -> None:
         tag = req.tag
         if self._is_cancelled(tag):
+            with self._lock:
+                self._cancelled.discard(tag)
             self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
             return
         pipe = self._pipe
@@ -281,59 +363,89 @@ class EngineWorker(QObject):
         tally = _Tally()
         try:
             rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a bad setting fails this request only
             err = ErrorInfo.from_exception(exc, "Starting the request")
             err.stage = "start"
             self.failed.emit(tag, err)
             return
+        self._live[rid] = _Live(req, rid, tally)
         self.started.emit(tag, rid)
-        batch: list[Any] = []
-        last_flush = time.perf_counter()
-        cancel_sent = False
-        reason = "unknown"
+
+    def _step_once(self) -> None:
+        """Cancels, one engine step for all live requests, events routed and batched per tag."""
+        pipe = self._pipe
+        for lv in self._live.values():
+            lv.cancel_this_step = False
+            if not lv.cancel_sent and self._is_cancelled(lv.tag):
+                try:
+                    pipe.cancel(lv.rid)
+                except Exception:  # noqa: BLE001 - the step below ends it anyway
+                    pass
+                lv.cancel_sent = lv.cancel_this_step = True
         try:
-            while True:
-                if not cancel_sent and self._is_cancelled(tag):
-                    pipe.cancel(rid)
-                    cancel_sent = True
-                events = pipe.step()
-                done = False
-                for ev in events:
-                    if ev.request_id != rid:
-                        continue
-                    tally.add(ev)
-                    batch.append(ev)
-                    if ev.finished:
-                        done = True
-                        reason = ev.finish_reason or "unknown"
-                if not done and not pipe.has_unfinished():
-                    done = True
-                    reason = "cancelled" if cancel_sent else reason
-                now = time.perf_counter()
-                if batch and (done or now - last_flush >= self.flush_interval_s):
-                    self.events_ready.emit(tag, batch)
-                    batch = []
-                    last_flush = now
-                if done:
-                    break
-        except BaseException as exc:  # noqa: BLE001
-            if batch:
-                self.events_ready.emit(tag, batch)
-            self.failed.emit(tag, ErrorInfo.from_exception(exc, "Generating"))
-            self._forget(pipe, rid, tag)
+            events = pipe.step()
+        except BaseException as exc:  # noqa: BLE001 - every live request fails; the app keeps running
+            err = ErrorInfo.from_exception(exc, "Generating")
+            live, self._live = list(self._live.values()), {}
+            for lv in live:
+                if lv.batch:
+                    self.events_ready.emit(lv.tag, lv.batch)
+                    lv.batch = []
+                self._forget(pipe, lv.rid, lv.tag)
+                self.failed.emit(lv.tag, dataclasses.replace(err))
             return
+        seen: set[int] = set()
+        for ev in events:
+            lv = self._live.get(ev.request_id)
+            if lv is None:
+                continue
+            seen.add(lv.rid)
+            lv.tally.add(ev)
+            lv.batch.append(ev)
+            if ev.finished:
+                lv.done = True
+                lv.reason = ev.finish_reason or "unknown"
+        idle = not pipe.has_unfinished()
+        for lv in self._live.values():
+            if lv.done:
+                continue
+            # A cancel is answered by the next step's "cancelled" event; an engine that drops a
+            # request it had not started yet (GenAITargetPipeline's queue) says nothing: it is over.
+            if lv.cancel_this_step and lv.rid not in seen:
+                lv.done, lv.reason = True, "cancelled"
+            elif idle:  # the engine has nothing left, so neither has this request
+                lv.done = True
+                lv.reason = "cancelled" if lv.cancel_sent else lv.reason
+        now = time.perf_counter()
+        for lv in list(self._live.values()):
+            if lv.batch and (lv.done or now - lv.last_flush >= self.flush_interval_s):
+                self.events_ready.emit(lv.tag, lv.batch)
+                lv.batch = []
+                lv.last_flush = now
+            if lv.done:
+                del self._live[lv.rid]
+                self._finish(pipe, lv)
+
+    def _finish(self, pipe: Any, lv: _Live) -> None:
         try:
-            metrics = pipe.metrics(rid)
+            metrics = pipe.metrics(lv.rid)
         except Exception:  # noqa: BLE001 - fall back to what the events said
             metrics = None
-        stats = stats_from_metrics(metrics, tally, self._info)
-        stats.update(request_stats(req.config, self._info))
-        stats["finish_reason"] = reason
-        self._forget(pipe, rid, tag)
-        self.finished.emit(tag, FinishInfo(rid, reason, stats))
+        stats = stats_from_metrics(metrics, lv.tally, self._info)
+        stats.update(request_stats(lv.req.config, self._info))
+        stats["finish_reason"] = lv.reason
+        self._forget(pipe, lv.rid, lv.tag)
+        self.finished.emit(lv.tag, FinishInfo(lv.rid, lv.reason, stats))
 
     @Slot(object)
     def do_bench(self, job: BenchJob) -> None:
+        self._epochs_done += 1
+        try:
+            self._bench(job)
+        finally:
+            self.pump()  # chat requests sent after this run
+
+    def _bench(self, job: BenchJob) -> None:
         """Run the shared bench runner; progress at most ~10 times a second, cancel between runs."""
         from engine.bench.runner import run_bench
 
@@ -381,7 +493,7 @@ class EngineController(QObject):
     bench_failed = Signal(object)
 
     _load_req = Signal(object)
-    _gen_req = Signal(object)
+    _wake = Signal()  # a generate request is in the worker's queue
     _bench_req = Signal(object)
 
     def __init__(self, loader: Loader | None = None, flush_interval_s: float = 0.033, parent=None) -> None:
@@ -391,7 +503,7 @@ class EngineController(QObject):
         self._worker = EngineWorker(loader or default_loader, flush_interval_s)
         self._worker.moveToThread(self._thread)
         self._load_req.connect(self._worker.do_load)
-        self._gen_req.connect(self._worker.do_generate)
+        self._wake.connect(self._worker.pump)
         self._bench_req.connect(self._worker.do_bench)
         self._worker.bench_progress.connect(self.bench_progress)
         self._worker.bench_finished.connect(self._on_bench_finished)
@@ -406,6 +518,7 @@ class EngineController(QObject):
         self._thread.start()
         self._pending: list[str] = []  # tags sent and not yet finished, oldest first
         self._loads = 0  # load requests sent and not yet answered
+        self._epoch = 0  # loads / comparison runs sent: a request runs after those sent before it
         self._bench: BenchJob | None = None
         self.info: EngineInfo | None = None
         self._closed = False
@@ -417,7 +530,13 @@ class EngineController(QObject):
 
     @property
     def generating(self) -> bool:
+        """True while any request is queued or live."""
         return bool(self._pending)
+
+    @property
+    def pending_tags(self) -> list[str]:
+        """Requests sent and not finished yet, oldest first."""
+        return list(self._pending)
 
     @property
     def benchmarking(self) -> bool:
@@ -437,16 +556,19 @@ class EngineController(QObject):
             return
         was = self.busy
         self._loads += 1
+        self._epoch += 1
         self._load_req.emit({"target_dir": target_dir, "draft_dir": draft_dir, "device": device})
         if not was:
             self.busy_changed.emit(True)
 
     def generate(self, req: GenerateRequest) -> None:
+        """Queue a request; the engine serves it alongside the others that are live (its next step)."""
         if self._closed:
             return
         was = self.busy
         self._pending.append(req.tag)
-        self._gen_req.emit(req)
+        self._worker.enqueue(req, self._epoch)
+        self._wake.emit()
         if not was:
             self.busy_changed.emit(True)
 
@@ -456,6 +578,7 @@ class EngineController(QObject):
             return False
         was = self.busy
         self._bench = job
+        self._epoch += 1
         self._bench_req.emit(job)
         if not was:
             self.busy_changed.emit(True)
