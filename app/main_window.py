@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QSettings, QSize, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QColor, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
+from PySide6.QtCore import QRectF, QSettings, QSize, Qt, QTimer
+from PySide6.QtGui import (QAction, QCloseEvent, QColor, QIcon, QKeySequence, QPainter, QPen, QPixmap,
+                           QShortcut)
 from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
                                QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
@@ -37,6 +38,7 @@ RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
 MAX_TEXT_FLUSH_MS = 200
 TEXT_SHARE = 0.25  # inserting text may use at most ~this share of the GUI thread
+MAX_KEPT_REPLIES = 16  # finished replies whose steps the live plots can show again
 
 
 class Banner(QFrame):
@@ -120,16 +122,20 @@ class ElidedLabel(QLabel):
 
 
 def _dot_icon(color: str) -> QIcon:
-    """A small filled circle: marks conversations with a reply streaming."""
+    """A small filled circle with a white ring (visible on a selected row too): marks conversations
+    with a reply streaming."""
     pm = QPixmap(12, 12)
     pm.fill(Qt.GlobalColor.transparent)
     painter = QPainter(pm)
     painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setPen(QPen(QColor("#ffffff"), 1.5))
     painter.setBrush(QColor(color))
-    painter.drawEllipse(2, 2, 8, 8)
+    painter.drawEllipse(QRectF(1.5, 1.5, 9.0, 9.0))
     painter.end()
-    return QIcon(pm)
+    icon = QIcon()
+    for mode in (QIcon.Mode.Normal, QIcon.Mode.Selected, QIcon.Mode.Active):
+        icon.addPixmap(pm, mode)  # the same dot when selected (no tint)
+    return icon
 
 
 def _html(text: str) -> str:
@@ -159,10 +165,12 @@ class MainWindow(QMainWindow):
         self.current: Conversation | None = None
         self.streams: dict[str, tuple[Conversation, Message]] = {}  # tag -> where its text goes
         self.stopped: set[str] = set()  # tags the person stopped (their late text is dropped)
-        # The live plots follow one reply: the streaming one of the conversation on screen (else the
-        # one they showed last). The events of every streaming reply are kept so a switch can replay.
+        # The live plots follow one reply: the conversation on screen's streaming one, else its latest
+        # one from this session, else the one they showed last. The events of the streaming replies
+        # and of the last MAX_KEPT_REPLIES finished ones are kept (tag -> conversation, events), so a
+        # switch can replay them.
         self.plot_tag: str | None = None
-        self._stream_events: dict[str, list] = {}
+        self._stream_events: dict[str, tuple[Conversation, list]] = {}
         self._streaming_icon = _dot_icon("#12b76a")
         self.corrupt: list[CorruptFile] = []
         self._closing = False
@@ -473,7 +481,8 @@ class MainWindow(QMainWindow):
                 self.conv_list.blockSignals(True)
                 self.conv_list.setCurrentItem(it)
                 self.conv_list.blockSignals(False)
-        tag = self.live_tag(conv)
+        tag = self.live_tag(conv) or next((m.id for m in reversed(conv.messages) if m.id in self._stream_events),
+                                          None)  # its streaming reply, else its latest one from this session
         if tag is not None:
             self._follow(tag)
         self._update_actions()
@@ -688,7 +697,7 @@ class MainWindow(QMainWindow):
         self.input.clear()
         self._refresh_title(conv)
         self.streams[reply.id] = (conv, reply)
-        self._stream_events[reply.id] = []
+        self._stream_events[reply.id] = (conv, [])
         self._save(conv)
         self._follow(reply.id)
         self._update_stream_marks()
@@ -711,18 +720,17 @@ class MainWindow(QMainWindow):
 
     def _follow(self, tag: str) -> None:
         """Show `tag`'s steps in the live plots (replaying what it did so far)."""
-        entry = self.streams.get(tag)
-        if entry is not None:
-            self.plots_dock.setWindowTitle(f"Live plots: {entry[0].title}")
+        conv, events = self._stream_events.get(tag, (None, []))
+        if conv is not None:
+            self.plots_dock.setWindowTitle(f"Live plots: {conv.title}")
         if tag == self.plot_tag:
             return
         self.plot_tag = tag
         self.plots.reset()
-        self.plots.add_events(self._stream_events.get(tag, ()))
+        self.plots.add_events(events)
+        self.plots.stop()  # draws the replay now
         if tag in self.streams and tag not in self.stopped:
             self.plots.start()
-        else:
-            self.plots.stop()
 
     def _update_stream_marks(self) -> None:
         """A dot beside every conversation with a reply streaming."""
@@ -784,7 +792,7 @@ class MainWindow(QMainWindow):
             self._text_timer.start(self.text_interval_ms)
         kept = self._stream_events.get(tag)
         if kept is not None:
-            kept.extend(events)
+            kept[1].extend(events)
         if tag == self.plot_tag:
             self.plots.add_events(events)
 
@@ -807,7 +815,7 @@ class MainWindow(QMainWindow):
         # messages from the model, and pending text drawn after that would appear twice.
         self._flush_text()
         entry = self.streams.pop(tag, None)
-        self._stream_events.pop(tag, None)
+        self._forget_old_events()
         was_stopped = tag in self.stopped
         self.stopped.discard(tag)
         if entry is None or self._closing:
@@ -826,6 +834,12 @@ class MainWindow(QMainWindow):
                 done = f"“{conv.title}”: " + done[0].lower() + done[1:]
             self.state_label.setText(done + (f" {n} repl{'y' if n == 1 else 'ies'} still streaming." if n else ""))
         self._update_actions()
+
+    def _forget_old_events(self) -> None:
+        """Keep the events of the streaming replies and of the last MAX_KEPT_REPLIES finished ones."""
+        done = [t for t in self._stream_events if t not in self.streams]
+        for t in done[: max(0, len(done) - MAX_KEPT_REPLIES)]:
+            del self._stream_events[t]
 
     def _stream_ended(self, tag: str) -> None:
         """The plots stop with the reply they follow (keeping its picture); the dots follow the streams."""
@@ -871,7 +885,7 @@ class MainWindow(QMainWindow):
     def _on_failed(self, tag: str, err: ErrorInfo) -> None:
         self._flush_text()  # as in _on_finished
         entry = self.streams.pop(tag, None)
-        self._stream_events.pop(tag, None)
+        self._forget_old_events()
         self.stopped.discard(tag)
         if self._closing:
             return

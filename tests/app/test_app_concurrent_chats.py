@@ -161,15 +161,21 @@ def test_plots_follow_the_conversation_on_screen(make_window, qtbot):
     reply_b = w.current.messages[-1]
     assert w.plot_tag == reply_b.id and "plotted second" in w.plots_dock.windowTitle()
     qtbot.waitUntil(lambda: w.plots.tokens.n > 3, timeout=10000)
-    n_a = len([e for e in w._stream_events[reply_a.id] if e.step > 0 and (e.tokens or e.drafted)])
+    n_a = len([e for e in w._stream_events[reply_a.id][1] if e.step > 0 and (e.tokens or e.drafted)])
     w.select_conversation(conv_a)  # replayed: the plots show A's steps so far, then keep following A
     assert w.plot_tag == reply_a.id and w.plots.tokens.n >= n_a > 5
     assert list(w.plots.steps.view()[:3]) == [1.0, 2.0, 3.0]
     w.stop()
-    w.select_conversation(w.conversations[0])
+    conv_b = w.conversations[0]
+    w.select_conversation(conv_b)
     w.stop()
     qtbot.waitUntil(lambda: not w.streams, timeout=10000)
-    assert not w.plots.timer_active
+    assert not w.plots.timer_active and w.plot_tag == reply_b.id
+    # A finished reply's steps come back with its conversation; a conversation without one keeps them.
+    w.select_conversation(conv_a)
+    assert w.plot_tag == reply_a.id and w.plots.tokens.n >= n_a and not w.plots.timer_active
+    w.new_conversation()
+    assert w.plot_tag == reply_a.id and "plotted first" in w.plots_dock.windowTitle()
 
 
 def test_a_failing_step_fails_every_live_reply_and_the_app_goes_on(make_window, qtbot):
