@@ -70,6 +70,8 @@ class _Request:
     proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
     confidence: list[float] | None = None
     context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
+    shown: int = 0  # characters of detok.text sent in events
+    held: list[TextPiece] = field(default_factory=list)  # decoded text that may be the start of a stop string
     t_first: float = 0.0
     finish_reason: str | None = None
     cancel_requested: bool = False
@@ -272,7 +274,8 @@ class SpeculativePipeline:
         """One target inference for every scheduled request; one event per request that emitted or ended."""
         t0 = time.perf_counter()
         stats = self.last_step = StepStats()
-        events = [self._finish(r, StepEvent(r.id, r.steps, finished=True, finish_reason="cancelled"))
+        events = [self._finish(r, StepEvent(r.id, r.steps, pieces=self._flush_held(r), finished=True,
+                                            finish_reason="cancelled"))
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
             self._running.append(self._waiting.popleft())
@@ -467,13 +470,19 @@ class SpeculativePipeline:
             req.cumulative_logprob += sum(logprobs)
         if req.processor is not None:
             req.processor.commit(tokens)
-        shown = len(req.detok.text)
-        pieces = req.detok.feed(tokens, accepted)
+        req.held.extend(req.detok.feed(tokens, accepted))
+        end = len(req.detok.text)
         if cfg.stop_strings:
-            end = self._stop_string_end(req.detok.text, shown, cfg)
-            if end is not None:
-                pieces, reason = _cut_pieces(pieces, end - shown), "stop"
-                req.detok.text = req.detok.text[:end]
+            stop = _stop_string_end(req.detok.text, req.shown, cfg)
+            if stop is not None:
+                end, reason = stop, "stop"
+                req.detok.text = req.detok.text[:stop]
+            elif reason is None:
+                end -= _partial_stop(req.detok.text, req.shown, cfg.stop_strings)  # wait for the next token
+        pieces = _take_pieces(req.held, end - req.shown)
+        req.shown = end
+        if reason is not None:
+            req.held = []
         req.generated.extend(tokens)
         if tokens:
             req.anchor = tokens[-1]
@@ -489,15 +498,10 @@ class SpeculativePipeline:
         return event
 
     @staticmethod
-    def _stop_string_end(text: str, shown: int, cfg: GenerationConfig) -> int | None:
-        """Where the text ends if a stop string completed in this step's text, else None."""
-        best: int | None = None
-        for s in cfg.stop_strings:
-            idx = text.find(s, max(0, shown - len(s) + 1))
-            if idx >= 0:
-                end = idx + len(s) if cfg.include_stop_str_in_output else idx
-                best = end if best is None else min(best, end)
-        return None if best is None else max(best, shown)
+    def _flush_held(req: _Request) -> list[TextPiece]:
+        """Text held back for a possible stop string, released when the request ends otherwise."""
+        pieces, req.held, req.shown = req.held, [], len(req.detok.text)
+        return pieces
 
     def _record(self, req: _Request, event: StepEvent) -> StepEvent:
         req.metrics.record(event)
@@ -533,12 +537,37 @@ def _log(p: float) -> float:
     return float(np.log(p)) if p > 0.0 else -float("inf")
 
 
-def _cut_pieces(pieces: list[TextPiece], keep: int) -> list[TextPiece]:
-    """The first `keep` characters of a list of pieces."""
+def _stop_string_end(text: str, shown: int, cfg: GenerationConfig) -> int | None:
+    """Where the text ends if a stop string completed after `shown`, else None. Text that could begin
+    a stop string is never shown (`_partial_stop`), so a stop string always lies after `shown`."""
+    best: int | None = None
+    for s in cfg.stop_strings:
+        idx = text.find(s, shown)
+        if idx >= 0:
+            end = idx + len(s) if cfg.include_stop_str_in_output else idx
+            best = end if best is None else min(best, end)
+    return best
+
+
+def _partial_stop(text: str, shown: int, stop_strings: Sequence[str]) -> int:
+    """Length of the longest unshown tail of `text` that is the start of a stop string (held back)."""
+    tail = text[shown:]
+    for n in range(min(len(tail), max(map(len, stop_strings)) - 1), 0, -1):
+        if any(s.startswith(tail[-n:]) for s in stop_strings):
+            return n
+    return 0
+
+
+def _take_pieces(held: list[TextPiece], count: int) -> list[TextPiece]:
+    """Remove and return the first `count` characters of the held pieces."""
     out: list[TextPiece] = []
-    for p in pieces:
-        if keep <= 0:
-            break
-        out.append(TextPiece(p.text[:keep], p.from_draft))
-        keep -= len(p.text)
+    while count > 0 and held:
+        p = held[0]
+        if len(p.text) <= count:
+            out.append(held.pop(0))
+            count -= len(p.text)
+        else:
+            out.append(TextPiece(p.text[:count], p.from_draft))
+            held[0] = TextPiece(p.text[count:], p.from_draft)
+            count = 0
     return out
