@@ -148,3 +148,19 @@ def test_shipped_smollm2_dspark_draft_loads_with_smollm2_dims() -> None:
     assert cfg["torch_dtype"] in ("float16", "bfloat16")
     assert all(torch.isfinite(p).all() for p in draft.parameters())
     assert float(draft.markov_head.markov_w2.weight.detach().abs().max()) > 0  # trained: W2 starts at zero
+
+
+def test_dspark_job_static_generator_and_feature_budget(tiny_llama_hf: Path, tmp_path: Path) -> None:
+    """--gen-impl static (float32) writes the same answers as HF generate; --max-feature-gib trims training rows."""
+    prompts = _prompts(tiny_llama_hf, tmp_path / "p.jsonl.gz")
+    caches = {}
+    for impl in ("hf", "static"):
+        cache = tmp_path / f"answers-{impl}.jsonl.gz"
+        gpu_job_dspark.main(_args(tiny_llama_hf, tmp_path / f"out-{impl}", cache, "--prompts", str(prompts),
+                                  "--steps", "2", "--eval-cands", "2", "--gen-impl", impl, "--gen-dtype", "float32"))
+        caches[impl] = gpu_job.load_data_tokens(cache)
+    assert caches["hf"] == caches["static"] and len(caches["hf"]) >= 20
+    m = gpu_job_dspark.main(_args(tiny_llama_hf, tmp_path / "out-small", tmp_path / "answers-hf.jsonl.gz",
+                                  "--prompts", str(prompts), "--steps", "2", "--eval-cands", "2",
+                                  "--max-feature-gib", "0.0005"))
+    assert 0 < m["data"]["prompts_train"] < len(caches["hf"]) - 4

@@ -194,8 +194,9 @@ CODE_TEMPLATES_MODULE = (
 )
 
 
-def code_prompts(n: int, rng: random.Random, root: Path | None = None) -> list[PromptRow]:
-    items = list(iter_code_items(root))
+def code_prompts(n: int, rng: random.Random, root: Path | None = None,
+                 items: Sequence[CodeItem] | None = None) -> list[PromptRow]:
+    items = list(items) if items is not None else list(iter_code_items(root))
     rng.shuffle(items)
     out: list[PromptRow] = []
     seen: set[str] = set()

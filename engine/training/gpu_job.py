@@ -185,6 +185,23 @@ def build_flat_data(
     return data, stats
 
 
+def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], answers: dict[str, list[int]],
+                               gib: float, bytes_per_token: int, log: Log = print) -> list[Any]:
+    """The training rows (in order) whose features fit in `gib` GiB together with the held-out rows'."""
+    if not gib:
+        return list(train_rows)
+    room, kept = int(gib * 2**30 / bytes_per_token), []
+    room -= sum(len(r.ids) + len(answers[r.id]) for r in held)
+    for r in train_rows:
+        room -= len(r.ids) + len(answers[r.id])
+        if room < 0:
+            break
+        kept.append(r)
+    if len(kept) < len(train_rows):
+        log(f"features: {len(kept)} of {len(train_rows)} training rows fit in {gib} GiB")
+    return kept
+
+
 def sample_anchors_varlen(prompt_lens: torch.Tensor, gen_lens: torch.Tensor, block_size: int, num_anchors: int,
                           gen: torch.Generator) -> torch.Tensor:
     """Anchors a in [P, P+G-B] per row (P prompt length, G answer length >= B): the anchor is an
@@ -476,6 +493,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--heldout", type=int, default=256, help="prompts kept out of training for acceptance")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--gen-impl", default="hf", choices=("hf", "static"),
+                    help="hf: transformers generate; static: engine.training.fast_generate (static KV cache)")
+    ap.add_argument("--gen-dtype", default="bfloat16", choices=("bfloat16", "float32"), help="for --gen-impl static")
+    ap.add_argument("--max-feature-gib", type=float, default=0,
+                    help="use the rows (in file order, held-out first) whose features fit in this many GiB (0: all)")
     ap.add_argument("--gen-until", type=float, default=0, help="stop starting generation batches after this many "
                     "seconds from the job's start (0 = no limit)")
     ap.add_argument("--feature-tokens", type=int, default=131072, help="tokens per feature forward")
@@ -562,8 +584,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for group, deadline in ((todo_held, None), (todo_train, (t_job + args.gen_until) if args.gen_until else None)):
             if not group:
                 continue
-            got = generate_answers(target, [r.ids for r in group], args.new_tokens, args.gen_batch, info.eos_id,
-                                   info.pad_id, deadline, log, args.seed)
+            if args.gen_impl == "static":
+                from engine.training.fast_generate import generate_answers_static
+
+                got = generate_answers_static(target, [r.ids for r in group], args.new_tokens, args.gen_batch,
+                                              info.eos_id, info.pad_id, deadline, log, args.seed,
+                                              getattr(torch, args.gen_dtype))
+            else:
+                got = generate_answers(target, [r.ids for r in group], args.new_tokens, args.gen_batch, info.eos_id,
+                                       info.pad_id, deadline, log, args.seed)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
             for r, a in zip(group, got):
                 if a is not None:
                     answers[r.id] = a
@@ -575,6 +606,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          [r.id for r in held + train_rows], [r.kind for r in held + train_rows])
     held = [r for r in held if r.id in answers]
     train_rows = [r for r in train_rows if r.id in answers]
+    per_token = len(taps) * target.config.hidden_size * (2 if dev.type == "cuda" and not args.no_bf16 else 4)
+    train_rows = rows_within_feature_budget(held, train_rows, answers, args.max_feature_gib, per_token, log)
     all_rows = held + train_rows
     n_eos = sum(1 for r in all_rows if answers[r.id] and answers[r.id][-1] == info.eos_id)
     n_mask = sum(answers[r.id].count(mask_id) + r.ids.count(mask_id) for r in all_rows)

@@ -74,6 +74,7 @@ from engine.training.gpu_job import (
     Log,
     build_flat_data,
     generate_answers,
+    rows_within_feature_budget,
     load_data_tokens,
     lr_factor,
     replay,
@@ -470,6 +471,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gen-batch", type=int, default=512)
     ap.add_argument("--gen-until", type=float, default=0, help="stop starting generation batches after this many "
                     "seconds from the job's start (0 = no limit)")
+    ap.add_argument("--gen-impl", default="hf", choices=("hf", "static"),
+                    help="hf: transformers generate; static: engine.training.fast_generate (static KV cache)")
+    ap.add_argument("--gen-dtype", default="bfloat16", choices=("bfloat16", "float32"), help="for --gen-impl static")
+    ap.add_argument("--max-feature-gib", type=float, default=0,
+                    help="use the rows (in file order, held-out first) whose features fit in this many GiB (0: all)")
     ap.add_argument("--feature-tokens", type=int, default=131072)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=8, help="rows incl. the anchor = candidates per block")
@@ -595,14 +601,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         t0 = time.time()
         for group, deadline in ((todo_held, None), (todo_train, (t_job + args.gen_until) if args.gen_until else None)):
             if group:
-                got = generate_answers(target, [r.ids for r in group], args.new_tokens, args.gen_batch, info.eos_id,
-                                       info.pad_id, deadline, log, args.seed)
+                if args.gen_impl == "static":
+                    from engine.training.fast_generate import generate_answers_static
+
+                    got = generate_answers_static(target, [r.ids for r in group], args.new_tokens, args.gen_batch,
+                                                  info.eos_id, info.pad_id, deadline, log, args.seed,
+                                                  getattr(torch, args.gen_dtype))
+                else:
+                    got = generate_answers(target, [r.ids for r in group], args.new_tokens, args.gen_batch,
+                                           info.eos_id, info.pad_id, deadline, log, args.seed)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
                 answers.update({r.id: a for r, a in zip(group, got) if a is not None})
         metrics["generation"] = {"seconds": round(time.time() - t0, 1)}
         save_data_tokens(cache, [r.ids for r in held + train_rows], [answers.get(r.id) for r in held + train_rows],
                          [r.id for r in held + train_rows], [r.kind for r in held + train_rows])
     held = [r for r in held if r.id in answers]
     train_rows = [r for r in train_rows if r.id in answers]
+    per_token = len(taps) * target.config.hidden_size * (2 if dev.type == "cuda" and not args.no_bf16 else 4)
+    train_rows = rows_within_feature_budget(held, train_rows, answers, args.max_feature_gib, per_token, log)
     all_rows = held + train_rows
     log(f"answers: {len(all_rows)} used ({len(held)} held out, {sum(r.kind == 'code' for r in all_rows)} code)")
 
