@@ -22,6 +22,7 @@ from engine.metrics import RequestMetrics
 from engine.models.properties import compile_properties
 from engine.models.target import check_target_dir
 from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+from engine.scheduler import StepStats
 
 _END = object()
 
@@ -77,7 +78,9 @@ class GenAITargetPipeline:
         self._queue: deque[tuple[int, list[int], GenerationConfig]] = deque()
         self._active: dict | None = None
         self._metrics: dict[int, RequestMetrics] = {}
+        self._cancelled: list[int] = []  # queued requests cancelled before they started
         self._next_id = 0
+        self.last_step = StepStats()
 
     @property
     def target_name(self) -> str:
@@ -105,12 +108,15 @@ class GenAITargetPipeline:
         return rid
 
     def has_unfinished(self) -> bool:
-        return self._active is not None or bool(self._queue)
+        return self._active is not None or bool(self._queue) or bool(self._cancelled)
 
     def cancel(self, request_id: int) -> None:
+        """Like the engine: the next step() ends the request with a "cancelled" event."""
         if self._active is not None and self._active["id"] == request_id:
             self._active["cancel"].set()
-        self._queue = deque(r for r in self._queue if r[0] != request_id)
+        if any(r[0] == request_id for r in self._queue):
+            self._queue = deque(r for r in self._queue if r[0] != request_id)
+            self._cancelled.append(request_id)
 
     def metrics(self, request_id: int) -> RequestMetrics:
         return self._metrics[request_id]
@@ -147,11 +153,16 @@ class GenAITargetPipeline:
 
     def step(self) -> list[StepEvent]:
         """Wait for the next token of the active request (starting the next request if none)."""
+        if self._cancelled:
+            gone, self._cancelled = self._cancelled, []
+            self.last_step = StepStats()
+            return [StepEvent(rid, 0, finished=True, finish_reason="cancelled") for rid in gone]
         if self._active is None:
             if not self._queue:
                 return []
             self._start(*self._queue.popleft())
         a = self._active
+        self.last_step = StepStats(requests=[a["id"]], tokens=1)
         t0 = time.perf_counter()
         item = a["tokens"].get()
         metrics = self._metrics[a["id"]]

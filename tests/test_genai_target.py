@@ -39,3 +39,19 @@ def test_cancel_and_refusals(tiny_qwen3_target, tiny_qwen3_drafts) -> None:
 def test_a_device_that_cannot_load_is_a_device_error(tiny_qwen3_target) -> None:
     with pytest.raises(DeviceError, match="could not load .* on NOSUCHDEVICE.*choose CPU"):
         GenAITargetPipeline(tiny_qwen3_target, "NOSUCHDEVICE")
+
+
+def test_a_queued_request_cancelled_ends_with_an_event_like_the_engine(tiny_qwen3_target) -> None:
+    """Cancelling a request still in the queue ends it at the next step() with a "cancelled" event."""
+    genai = GenAITargetPipeline(tiny_qwen3_target, "CPU")
+    cfg = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    first, queued = genai.add_request(PROMPT, cfg, chat=False), genai.add_request(PROMPT, cfg, chat=False)
+    genai.step()  # starts the first request
+    assert genai.last_step.requests == [first]
+    genai.cancel(queued)
+    events = genai.step()
+    assert [(e.request_id, e.finish_reason) for e in events] == [(queued, "cancelled")]
+    ends = []
+    while genai.has_unfinished():
+        ends += [e for e in genai.step() if e.finished]
+    assert [(e.request_id, e.finish_reason) for e in ends] == [(first, "length")]
