@@ -22,7 +22,8 @@ from engine.errors import DFlashError
 MACHINE = {"machine": "test machine", "device": "CPU (test)"}
 ROW_FIELDS = ("config", "concurrency", "prompts", "tokens", "wall_ms", "tok_s", "speedup", "vs_genai_cb",
               "tpot_ms", "tpot_p50_ms", "tpot_p90_ms", "ttft_ms", "ttft_p50_ms", "ttft_p90_ms",
-              "tokens_per_step", "tokens_per_pipeline_step", "requests_per_step", "matches_target", "preemptions")
+              "tokens_per_step", "tokens_per_pipeline_step", "requests_per_step", "step_ms", "target_ms",
+              "draft_step_ms", "matches_target", "preemptions")
 
 
 def _prompt_file(tmp_path: Path, prompts: list[str]) -> Path:
@@ -214,6 +215,10 @@ def test_real_engine_and_genai_cb_rows_tie_to_engine_results(tmp_path, tiny_qwen
         assert r.target_steps == sum(m.target_steps for m in ms)
         assert r.tokens_per_step == pytest.approx(sum(m.decode_produced for m in ms) / sum(m.target_steps for m in ms))
         assert r.drafted == sum(m.drafted_total for m in ms) and r.accepted == sum(m.accepted_total for m in ms)
+        steps = sum(m.target_steps for m in ms)
+        assert d["target_ms"] == pytest.approx(sum(sum(m.target_ms) for m in ms) / steps, abs=1e-3)
+        assert d["draft_model_ms"] == pytest.approx(sum(sum(m.draft_model_ms) for m in ms) / steps, abs=1e-3)
+        assert d["step_ms"] == pytest.approx(r.wall_ms / r.pipeline_steps, abs=1e-3)
         # TTFT is measured around the step that gave the first token: never below the engine's own.
         ttft_engine = sorted(m.ttft_ms for m in ms)
         assert all(a >= b - 0.05 for a, b in zip(sorted(r.ttfts), ttft_engine))

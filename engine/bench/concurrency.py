@@ -18,7 +18,9 @@ What a row says, measured the same way by the same driver loop for this engine a
 - tokens per step = tokens the request's target steps produced / those steps, after the prefill (as
   the single-request bench); tokens per pipeline step = all tokens emitted / step() calls;
   requests per step = requests the pipeline scheduled per step (this engine's `last_step.requests`;
-  for the peer, which does not report it, the requests in flight);
+  for the peer, which does not report it, the requests in flight); step ms = wall / step() calls;
+  target ms / draft ms = the engine's own timings of the step's target inference and draft stage,
+  averaged over the requests' steps (batched: one shared inference each, not a per-request share);
 - speedup = the row's aggregate tok/s / this engine's target alone's at the same N and decoding;
   vs CB = the row's aggregate tok/s / openvino_genai CB's at the same N and decoding;
 - matches target: greedy outputs compared token for token with this engine's target alone run at
@@ -133,7 +135,9 @@ class RequestRun:
     drafted: int = 0
     accepted: int = 0
     preemptions: int = 0
-    draft_step_ms: float = 0.0  # sums over the request's steps
+    draft_step_ms: float = 0.0  # sums over the request's steps (of the step's shared inferences, when batched)
+    draft_model_ms: float = 0.0
+    markov_head_ms: float = 0.0
     target_ms: float = 0.0
     finish_reason: str = ""
 
@@ -238,7 +242,8 @@ class EngineBatchRunner:
         produced = int(getattr(m, "decode_produced", 0) or 0) or max(len(tokens) - 1, 0)
         return RequestRun(lv.prompt_id, tokens, text, (t_first - lv.t_add) * 1e3, (now - lv.t_add) * 1e3, steps,
                           produced, int(getattr(m, "drafted_total", 0)), int(getattr(m, "accepted_total", 0)),
-                          int(getattr(m, "preemptions", 0) or 0), _sum(m, "draft_step_ms"), _sum(m, "target_ms"),
+                          int(getattr(m, "preemptions", 0) or 0), _sum(m, "draft_step_ms"), _sum(m, "draft_model_ms"),
+                          _sum(m, "markov_head_ms"), _sum(m, "target_ms"),
                           str(getattr(res, "finish_reason", "") or reason))
 
 
@@ -466,9 +471,18 @@ class ConcurrencyRow:
             "matches_target": self.matches_target, "first_differences": self.first_differences[:5],
             "acceptance_rate": None if rate is None else round(rate, 4),
             "preemptions": sum(r.preemptions for r in self.requests),
-            "draft_step_ms": round(sum(r.draft_step_ms for r in self.requests) / max(self.target_steps, 1), 3),
+            "step_ms": round(self.wall_ms / steps, 3) if steps else 0.0,
+            # Per target step of a request, averaged over the requests' steps: with batching these are the
+            # times of the step's ONE shared draft stage / target inference, not a request's share of them.
+            "draft_step_ms": self._per_step("draft_step_ms"), "draft_model_ms": self._per_step("draft_model_ms"),
+            "markov_head_ms": self._per_step("markov_head_ms"),
+            "target_ms": self._per_step("target_ms") if self.engine == ENGINE else None,
             "finish_reasons": _count([r.finish_reason for r in self.requests]),
         }
+
+
+    def _per_step(self, name: str) -> float:
+        return round(sum(getattr(r, name) for r in self.requests) / max(self.target_steps, 1), 3)
 
 
 def _count(xs: list[str]) -> dict[str, int]:
@@ -481,7 +495,7 @@ def _count(xs: list[str]) -> dict[str, int]:
 TABLE_COLUMNS = ("config", "concurrency", "decoding", "prompts", "tokens", "wall s", "aggregate tok/s",
                  "vs target alone", "vs genai CB", "TPOT ms mean", "TPOT p50", "TPOT p90", "TTFT ms mean",
                  "TTFT p50", "TTFT p90", "tokens per step", "tokens per pipeline step", "requests per step",
-                 "matches target", "acceptance", "preemptions")
+                 "step ms", "target ms", "draft ms", "matches target", "acceptance", "preemptions")
 
 
 def markdown_table(rows: list[ConcurrencyRow]) -> str:
@@ -495,8 +509,9 @@ def markdown_table(rows: list[ConcurrencyRow]) -> str:
                      f"{d['wall_ms'] / 1e3:.2f} | {d['tok_s']:.1f} | {d['speedup']:.2f}x | {vs} | "
                      f"{d['tpot_ms']:.2f} | {d['tpot_p50_ms']:.2f} | {d['tpot_p90_ms']:.2f} | {d['ttft_ms']:.1f} | "
                      f"{d['ttft_p50_ms']:.1f} | {d['ttft_p90_ms']:.1f} | {d['tokens_per_step']:.2f} | "
-                     f"{d['tokens_per_pipeline_step']:.2f} | {d['requests_per_step']:.2f} | {match} | {acc} | "
-                     f"{d['preemptions']} |")
+                     f"{d['tokens_per_pipeline_step']:.2f} | {d['requests_per_step']:.2f} | {d['step_ms']:.1f} | "
+                     f"{'-' if d['target_ms'] is None else format(d['target_ms'], '.1f')} | {d['draft_step_ms']:.1f} | "
+                     f"{match} | {acc} | {d['preemptions']} |")
     return "\n".join(lines)
 
 
