@@ -353,11 +353,13 @@ class GenAIRunner:
 
         props = compile_properties(device, precision)
         props.pop("PERFORMANCE_HINT", None)
+        sc = ov_genai.SchedulerConfig()
+        # No prefix caching: DFlash CB/PA refuses it, and for the target alone it would reuse the chat
+        # template's shared system prompt across prompts (a TTFT this engine does not get).
+        sc.enable_prefix_caching = False
         if draft is None:
-            self.pipe = ov_genai.LLMPipeline(str(target), device, **props)
+            self.pipe = ov_genai.LLMPipeline(str(target), device, scheduler_config=sc, **props)
         else:
-            sc = ov_genai.SchedulerConfig()
-            sc.enable_prefix_caching = False  # DFlash CB/PA refuses prefix caching
             self.pipe = ov_genai.LLMPipeline(str(target), device, scheduler_config=sc,
                                              draft_model=ov_genai.draft_model(str(draft), device, **props), **props)
         self.tokenizer = self.pipe.get_tokenizer()
