@@ -133,22 +133,20 @@ def test_fake_keeps_n_in_flight_and_refills(tmp_path):
     assert max(n for _d, n in steps) == 3 and steps[-1][1] == 1  # the last wave holds the 7th alone
 
 
-def test_concurrency_and_scheduler_options_are_checked(tmp_path, monkeypatch):
+def test_concurrency_and_scheduler_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="concurrency=0"):
         run_concurrency(_spec(tmp_path, levels=[0]), loader=fake_loader(), machine=MACHINE)
     with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
         ConcurrencySpec(_spec(tmp_path).bench, [1], {"max_num_batched_tokens": 0}).validate()
     assert cc.make_scheduler({k: None for k in cc.SCHEDULER_FIELDS}) is None
-    monkeypatch.setattr(cc, "scheduler_class", lambda: None)  # an engine without the batching scheduler
-    with pytest.raises(DFlashError, match="--max-num-batched-tokens.*no continuous batching scheduler"):
-        cc.make_scheduler({"max_num_batched_tokens": 64, "num_kv_blocks": None})
+    with pytest.raises(ValueError, match="max_num_seqs=0"):
+        cc.make_scheduler({"max_num_seqs": 0})
     assert cc.effective_scheduler({"max_num_seqs": 4})["max_num_seqs"] == 4
 
 
 def test_scheduler_options_reach_the_engine():
-    cls = cc.scheduler_class()
-    if cls is None:
-        pytest.skip("engine/scheduler.py has not landed")
+    from engine.scheduler import SchedulerConfig as cls
+
     sc = cc.make_scheduler({"max_num_batched_tokens": 64, "max_num_seqs": 4, "num_kv_blocks": 40,
                             "cache_size_mb": None})
     assert isinstance(sc, cls) and (sc.max_num_batched_tokens, sc.max_num_seqs, sc.num_kv_blocks) == (64, 4, 40)
@@ -255,8 +253,6 @@ def test_cli_bench_concurrency_json_and_out(tmp_path, tiny_qwen3_target, tiny_qw
 @pytest.mark.slow
 def test_cli_scheduler_flags_reach_the_engine_and_the_peer(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts, capsys,
                                                            monkeypatch):
-    if cc.scheduler_class() is None:
-        pytest.skip("engine/scheduler.py has not landed")
     from engine.cli import main
     from engine.pipeline import SpeculativePipeline
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import inspect
 import io
 import json
 import math
@@ -56,41 +55,19 @@ from engine.bench.runner import (ENGINE, WARMUP_TOKENS, BenchSpec, Cancel, Decod
                                  spec_command, spec_from_args)
 from engine.config import GenerationConfig
 from engine.errors import DFlashError
+from engine.scheduler import SchedulerConfig
 
 GENAI_CB = "openvino_genai CB"
 SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "cache_size_mb")
-# The contract's defaults (engine/scheduler.py), used for the peer when the engine has no scheduler yet.
-FALLBACK_SCHEDULER = {"max_num_batched_tokens": 256, "max_num_seqs": 16, "num_kv_blocks": None, "cache_size_mb": 512}
 # Tokens per KV block of openvino's PagedAttention caches: the CPU plugin pages by 32, the GPU by 16.
 GENAI_BLOCK_TOKENS = {"CPU": 32, "GPU": 16}
 
 
 # ---- scheduler options -------------------------------------------------------------------------
-def scheduler_class() -> Any | None:
-    """engine.scheduler.SchedulerConfig, or None while the engine has no continuous batching scheduler."""
-    try:
-        from engine.scheduler import SchedulerConfig
-    except ImportError:
-        return None
-    from engine.pipeline import SpeculativePipeline
-
-    if "scheduler" not in inspect.signature(SpeculativePipeline.load).parameters:
-        return None
-    return SchedulerConfig
-
-
-def make_scheduler(options: dict[str, int | None]) -> Any | None:
+def make_scheduler(options: dict[str, int | None]) -> SchedulerConfig | None:
     """A validated engine SchedulerConfig from the options that were given (None: none given)."""
     given = {k: v for k, v in options.items() if v is not None}
-    if not given:
-        return None
-    cls = scheduler_class()
-    if cls is None:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise DFlashError(f"{flags}: this engine has no continuous batching scheduler yet (engine/scheduler.py "
-                          "SchedulerConfig and SpeculativePipeline.load(scheduler=...)); run without them.")
-    sc = cls(**given)
-    return sc.validate() if hasattr(sc, "validate") else sc
+    return SchedulerConfig(**given).validate() if given else None
 
 
 def scheduler_loader(scheduler: Any | None, base: Loader | None = None) -> Loader:
@@ -112,12 +89,7 @@ def scheduler_loader(scheduler: Any | None, base: Loader | None = None) -> Loade
 
 def effective_scheduler(options: dict[str, int | None]) -> dict[str, int | None]:
     """The engine's scheduler settings in force: the options given over the SchedulerConfig defaults."""
-    cls = scheduler_class()
-    if cls is not None:
-        base = cls()
-        eff = {k: getattr(base, k, FALLBACK_SCHEDULER[k]) for k in SCHEDULER_FIELDS}
-    else:
-        eff = dict(FALLBACK_SCHEDULER)
+    eff = {k: getattr(SchedulerConfig(), k) for k in SCHEDULER_FIELDS}
     eff.update({k: v for k, v in options.items() if v is not None})
     return eff
 
@@ -579,11 +551,10 @@ class ConcurrencySpec:
         for n in self.levels:
             if int(n) < 1:
                 raise ValueError(f"concurrency={n}: run at least one request at a time.")
-        for k, v in self.scheduler.items():
+        for k in self.scheduler:
             if k not in SCHEDULER_FIELDS:
                 raise ValueError(f"{k}: not a scheduler option ({', '.join(SCHEDULER_FIELDS)}).")
-            if v is not None and int(v) < 1:
-                raise ValueError(f"{k}={v}: must be at least 1.")
+        make_scheduler(self.scheduler)  # SchedulerConfig.validate names a value out of range
         return self
 
 
@@ -609,7 +580,7 @@ def run_concurrency(spec: ConcurrencySpec, progress: Progress | None = None, can
     spec.validate()
     b = spec.bench
     levels = sorted({int(n) for n in spec.levels})
-    sched = make_scheduler(spec.scheduler)  # DFlashError when options are given and the engine has none
+    sched = make_scheduler(spec.scheduler)  # ValueError naming the field when an option is out of range
     loader = scheduler_loader(sched, loader)
     say = progress or (lambda _m, _f=None: None)
     stop = cancel or (lambda: False)
@@ -623,8 +594,7 @@ def run_concurrency(spec: ConcurrencySpec, progress: Progress | None = None, can
     settings: dict[str, object] = {
         "target": target.name, "dataset": b.dataset, "prompts": len(items), "max_new_tokens": b.max_new_tokens,
         "device": b.device, "precision": b.precision, "concurrency": levels,
-        "scheduler": ", ".join(f"{k}={eff[k]}" for k in SCHEDULER_FIELDS)
-        + ("" if scheduler_class() is not None else " (the engine has no scheduler yet: one request per step)"),
+        "scheduler": ", ".join(f"{k}={eff[k]}" for k in SCHEDULER_FIELDS),
         "order": "level-major (for each N every configuration), N requests in flight through add_request/step, "
                  "one untimed warm-up batch per configuration",
         "command": _command(spec)}
