@@ -137,7 +137,7 @@ class DraftBatch:
             positions[r, ctx:] = np.arange(base + got, base + got + block)
             self.committed[seq] = base + got
         mask = np.concatenate([self.mask, new_mask], axis=1)
-        self.model.request.infer({
+        self.request.infer({
             "input_ids": ids, "hidden_states": hidden, "position_ids": positions, "attention_mask": mask,
             "beam_idx": beam, "top_k": np.array(top_k, np.int64),
         }, share_inputs=True, share_outputs=True)

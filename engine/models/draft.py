@@ -9,7 +9,6 @@ full-vocabulary logits leave the graph (docs/engine.md).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,7 +234,10 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
 
 
 class DraftModel:
-    """A compiled DFlash-family draft for one sequence; its KV state holds committed context rows only."""
+    """A compiled DFlash-family draft (backbone + head IRs); engine/drafting/draft_batch.py runs it.
+
+    `request` is the stateful infer request whose KV state (committed context rows only) has one
+    batch row per request."""
 
     def __init__(self, info: DraftInfo, target_folder: Path, core: ov.Core, device: str,
                  properties: dict[str, str]) -> None:
@@ -249,39 +251,6 @@ class DraftModel:
                        if info.has_head else None)
         self.dense_head = (core.compile_model(info.folder / DENSE_HEAD_FILE, device, props).create_infer_request()
                            if info.has_head and (info.folder / DENSE_HEAD_FILE).is_file() else None)
-        self.committed = 0  # context rows held in the draft's KV state
-        self._beam = np.zeros(1, np.int32)
-        self.last_model_ms = 0.0
-
-    def reset(self) -> None:
-        self.request.reset_state()
-        self.committed = 0
-
-    def draft(self, anchor: int, num_candidates: int, context: np.ndarray, top_k: int = 1) -> np.ndarray:
-        """Top-k candidate ids [N, k] after `anchor`, feeding the new context rows `context` [T, n*H]."""
-        rows = context.shape[0]
-        block = num_candidates + self.info.candidate_offset
-        total = self.committed + rows + block
-        ids = np.full((1, block), self.info.mask_token_id, np.int64)
-        ids[0, 0] = anchor
-        t0 = time.perf_counter()
-        self.request.infer({
-            "input_ids": ids,
-            "hidden_states": np.ascontiguousarray(context, dtype=np.float32).reshape(1, rows, -1),
-            "position_ids": np.arange(self.committed, total, dtype=np.int64).reshape(1, -1),
-            "attention_mask": np.ones((1, total), np.int64),
-            "beam_idx": self._beam,
-            "top_k": np.array(top_k, np.int64),
-        }, share_inputs=True, share_outputs=True)
-        self.last_model_ms = (time.perf_counter() - t0) * 1e3
-        self.committed += rows
-        return self.request.get_tensor("draft_topk_ids").data[0].copy()
-
-    def output(self, name: str) -> np.ndarray:
-        """An output of the last draft call without the batch axis (a view, valid until the next call):
-        draft_topk_logits [N, k], draft_logits [N, V], last_hidden_state [N, H], confidence [N]
-        (a backbone confidence head)."""
-        return self.request.get_tensor(name).data[0]
 
 
 def draft_compile_properties(info: DraftInfo, device: str, properties: dict[str, str]) -> dict[str, str]:
