@@ -165,6 +165,21 @@ def packed_inputs(
     }
 
 
+def offset0_blocks(tokens: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                   mask_token_id: int, embed: torch.Tensor, block_lens: torch.Tensor | None = None
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed blocks in the "sample from anchor" layout (DSpark, offset 0): row k of the block at
+    anchor a predicts x_{a+k+1}. Returns (forward inputs, labels [b, A, B], teacher-forced
+    predecessors [b, A, B] (the anchor for row 0), row offsets [B])."""
+    bsz, n_anchor = anchors.shape
+    batch = packed_inputs(tokens, features, anchors, block_size, mask_token_id, embed, block_lens)
+    batch.pop("labels"), batch.pop("label_weights")
+    offs = torch.arange(block_size, device=tokens.device)
+    labels = tokens.gather(1, (anchors[:, :, None] + 1 + offs).view(bsz, -1)).view(bsz, n_anchor, block_size)
+    prev = torch.cat([tokens.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)
+    return batch, labels, prev, offs
+
+
 def block_loss(
     hidden: torch.Tensor,
     labels: torch.Tensor,

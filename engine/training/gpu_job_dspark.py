@@ -67,7 +67,7 @@ _stub_openvino_if_missing()
 from engine.export.dflash_v1 import load_checkpoint as load_v1_checkpoint  # noqa: E402
 from engine.export.dspark import DSparkDraft, load_dspark_checkpoint, random_dspark_config, save_dspark_checkpoint
 from engine.export.markov_head import HEAD_GATED, HEAD_VANILLA
-from engine.training.dflash_train import packed_inputs, target_weights
+from engine.training.dflash_train import offset0_blocks, packed_inputs, target_weights
 from engine.training.gpu_job import (
     FileLog,
     FlatData,
@@ -149,15 +149,10 @@ def dspark_batch_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Ten
     """Blocks [x_a, MASK x (B-1)] at `anchors` [b, A] (offset 0: row k predicts x_{a+k+1}); rows past
     a block's length (block_lens, 1..B) are hidden from its other rows and carry no loss. Only live
     rows go through the lm_head. Returns (loss, detached parts)."""
-    c = draft.cfg
     bsz, n_anchor = anchors.shape
-    blk = c.block_size
-    dev = tokens.device
-    batch = packed_inputs(tokens, feats, anchors, blk, c.mask_token_id, embed, block_lens)
-    batch.pop("labels"), batch.pop("label_weights")
-    offs = torch.arange(blk, device=dev)
-    labels = tokens.gather(1, (anchors[:, :, None] + 1 + offs).view(bsz, -1)).view(bsz, n_anchor, blk)
-    prev = torch.cat([tokens.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)  # teacher forcing
+    blk = draft.cfg.block_size
+    batch, labels, prev, offs = offset0_blocks(tokens, feats, anchors, blk, draft.cfg.mask_token_id, embed,
+                                               block_lens)  # prev: teacher forcing
     h = draft.forward_packed(**batch).view(bsz, n_anchor, blk, -1)
     decay = torch.exp(-offs.float() / w.gamma).expand(bsz, n_anchor, blk)
     if block_lens is not None:

@@ -36,6 +36,7 @@ from engine.training.dflash_train import (
     TrainConfig,
     TrainResult,
     _lr_factor,
+    offset0_blocks,
     packed_inputs,
     sample_anchors,
     tapped_hidden,
@@ -63,20 +64,16 @@ def dspark_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, a
                 embed: torch.Tensor, lm_head: torch.Tensor, gamma: float,
                 block_lens: torch.Tensor | None = None) -> torch.Tensor:
     """Offset-0 blocks at `anchors` [b, A]: rows 0..B-1 predict tokens anchor+1..anchor+B."""
-    c = draft.cfg
     bsz, n_anchor = anchors.shape
-    blk = c.block_size
+    blk = draft.cfg.block_size
     dev = tokens.device
-    batch = packed_inputs(tokens, feats, anchors, blk, c.mask_token_id, embed, block_lens)
-    batch.pop("labels"), batch.pop("label_weights")
-    offs = torch.arange(blk, device=dev)
-    labels = tokens.gather(1, (anchors[:, :, None] + 1 + offs).view(bsz, -1)).view(bsz, n_anchor, blk)
+    batch, labels, prev, offs = offset0_blocks(tokens, feats, anchors, blk, draft.cfg.mask_token_id, embed,
+                                               block_lens)
     live = torch.ones_like(labels, dtype=torch.float32)
     if block_lens is not None:
         live = (offs[None, None, :] < block_lens[:, :, None]).float()
     h = draft.forward_packed(**batch).view(bsz, n_anchor, blk, -1)
     logits = draft.unary_logits(h, lm_head)
-    prev = torch.cat([tokens.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)  # teacher forcing
     if draft.markov_head is not None:
         logits = logits + draft.dense_bias(prev, h)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
