@@ -198,7 +198,7 @@ class GenAITargetPipeline:
 
         rid = self.add_request(prompt, config, chat)
         ids: list[int] = []
-        text, reason = "", ""
+        text = ""
         while True:
             for event in self.step():
                 ids += event.tokens

@@ -16,7 +16,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from engine.errors import DraftMismatchError, ModelFolderError
+from engine.errors import ModelFolderError
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
