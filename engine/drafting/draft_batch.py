@@ -91,26 +91,21 @@ class DraftBatch:
         """New row order (kept rows, then newcomers); returns beam_idx and updates the masks."""
         keep = [s for s in self.rows if s not in self.dropped]
         new = [c.seq for c in calls if c.seq not in self.rows or c.seq in self.dropped]
-        keep = [s for s in keep if s not in new]
+        self.committed.update({s: 0 for s in new})
         if not keep:
             self.request.reset_state()
             self.mask = np.zeros((len(new), 0), np.int64)
             self.rows, self.dropped = new, set()
-            self.committed.update({s: 0 for s in new})
             return np.arange(len(new), dtype=np.int32)
         index = {s: i for i, s in enumerate(self.rows)}
         beam = np.array([index[s] for s in keep] + [0] * len(new), np.int32)
         mask = np.zeros((len(keep) + len(new), self.slots), np.int64)
         mask[: len(keep)] = self.mask[[index[s] for s in keep]]
         self.mask, self.rows, self.dropped = mask, keep + new, set()
-        for s in new:
-            self.committed[s] = 0
         return beam
 
     def _run_batched(self, calls: list[DraftCall], top_k: int) -> list[DraftRows]:
         info = self.info
-        for c in calls:
-            self.committed.setdefault(c.seq, 0)
         beam = self._rebatch(calls)
         by_seq = {c.seq: c for c in calls}
         rows = len(self.rows)
