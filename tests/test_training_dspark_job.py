@@ -164,3 +164,102 @@ def test_dspark_job_static_generator_and_feature_budget(tiny_llama_hf: Path, tmp
                                   "--prompts", str(prompts), "--steps", "2", "--eval-cands", "2",
                                   "--max-feature-gib", "0.0005"))
     assert 0 < m["data"]["prompts_train"] < len(caches["hf"]) - 4
+
+
+# --------------------------------------------------------------------------------------------
+# --variant dflash_v2 (the same job, DFlash v2's draft and loss)
+# --------------------------------------------------------------------------------------------
+SHIPPED_V2 = Path(__file__).resolve().parents[1] / "resources" / "drafts" / "smollm2-dflash2-b8"
+
+
+def test_dflash2_job_trains_on_tiny_target_and_lowers_loss(tiny_llama_hf: Path, tmp_path: Path) -> None:
+    """A few v2 steps on the tiny target: the loss falls, the selector learns, the backbone is the first
+    layer of a 2-layer v1 draft, the folder reloads as DFlash v2, held-out walks none + topk."""
+    from transformers import AutoConfig
+
+    from engine.export.dflash2 import load_dflash2_checkpoint
+
+    v1_cfg = random_draft_config(AutoConfig.from_pretrained(tiny_llama_hf).to_dict(), 2, 4, [0, 2], 3)
+    torch.manual_seed(6)
+    v1_dir = save_checkpoint(DFlashV1Draft(v1_cfg), v1_cfg, tmp_path / "v1")
+    prompts = _prompts(tiny_llama_hf, tmp_path / "p.jsonl.gz")
+    out, cache = tmp_path / "out", tmp_path / "answers.jsonl.gz"
+    m = gpu_job_dspark.main(_args(tiny_llama_hf, out, cache, "--prompts", str(prompts), "--steps", "40",
+                                  "--variant", "dflash_v2", "--selector-top-k", "4", "--eval-top-k", "4,2",
+                                  "--init-backbone", str(v1_dir), "--short-block-frac", "0.3"))
+    losses = [loss for _, loss, _ in m["train"]["losses"]]
+    assert m["train"]["steps"] == 40
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert set(m["train"]["losses"][-1][2]) == {"loss", "ce", "selector", "covered"}
+    assert m["init_backbone"]["layers_copied"] == 1 and m["init_backbone"]["v1_layers"] == 2
+    for n in ("2", "4"):
+        if n == "4":  # block 4 = 3 candidates (offset 1): n = 4 is not evaluated
+            assert n not in m["heldout"]
+            continue
+        assert set(m["heldout"][n]) == {"none", "topk"}
+        for walk in m["heldout"][n].values():
+            assert 1.0 <= walk["tokens_per_step"]["all"] <= int(n) + 1
+        assert set(m["heldout_topk"]["2"][n]) == {"topk"}
+    draft, cfg = load_dflash2_checkpoint(out / "draft")
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["torch_dtype"] == "float16"
+    dc = cfg["dflash_config"]
+    assert dc["block_size"] == 4 and dc["selector_rank"] == 8 and dc["selector_top_k"] == 4 and dc["mask_token_id"] == 3
+    assert cfg["num_hidden_layers"] == 1
+    assert float(draft.candidate_selector.successor_codebook.detach().abs().max()) > 0  # starts at zero
+    assert float(draft.layers[0].mlp_conv.kernel_projection.weight.detach().abs().max()) > 0  # starts at zero
+    assert json.loads((out / "draft" / "training.json").read_text())["steps"] == 40
+
+
+def test_dflash2_batched_walks_match_the_reference_walks(tiny_llama_hf: Path) -> None:
+    """accepted_lengths_dspark on a DFlash v2 draft (offset 1, packed blocks of n+1 rows, the convs per
+    block) = engine.export.dflash2.reference_walk block by block, for the none and selector walks."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.export.dflash2 import reference_walk as reference_walk_v2
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_llama_hf).eval()
+    torch.manual_seed(0)
+    seq = torch.randint(4, target.config.vocab_size, (1, 30))
+    data, _ = gpu_job.build_flat_data(target, [seq[0, :10].tolist()], [seq[0, 10:].tolist()], ["code"], [0, 2])
+    embed, lm_head = target_weights(target)
+    draft, _ = gpu_job_dspark.new_dflash2_draft(target.config.to_dict(), 1, 6, [0, 2], 3, 8, 3, 16, 2)
+    with torch.no_grad():  # a selector and convs that matter
+        draft.candidate_selector.successor_codebook.normal_(0.0, 3.0)
+        for layer in draft.layers:
+            layer.attention_conv.kernel_projection.weight.normal_(0.0, 0.3)
+            layer.mlp_conv.base_kernel.normal_(0.0, 0.5)
+    draft.eval()
+    assert gpu_job_dspark.has_head(draft)
+    modes = ("none", "topk")
+    for n in (3, 5):
+        accs = gpu_job_dspark.accepted_lengths_dspark(draft, data, [0], n, embed, lm_head, modes, 3, bf16=False,
+                                                      max_blocks=7)
+        feats, toks = data.features, data.tokens
+        for a in range(10, 30 - n):
+            labels = toks[a + 1 : a + 1 + n]
+            for mode in modes:
+                ref = torch.from_numpy(reference_walk_v2(draft, embed, lm_head, int(toks[a]), feats[:a], n, mode, 3))
+                want = int((ref == labels).long().cumprod(0).sum())
+                assert int(accs[mode][0][a - 10]) == want, (n, mode, a)
+        assert len(accs["none"][0]) == 20 - n
+
+
+@pytest.mark.skipif(not (SHIPPED_V2 / "config.json").is_file(), reason="no shipped SmolLM2 DFlash v2 draft")
+def test_shipped_smollm2_dflash2_draft_loads_with_smollm2_dims() -> None:
+    from engine.export.dflash2 import load_dflash2_checkpoint
+
+    files = sorted(SHIPPED_V2.glob("*.safetensors"))
+    assert [f.name for f in files] == ["model.safetensors"]
+    assert files[0].stat().st_size <= 12.5 * 10**6
+    drafts = SHIPPED_V2.parent
+    assert sum(f.stat().st_size for f in drafts.rglob("*") if f.is_file()) < 50 * 10**6  # the whole folder
+    draft, cfg = load_dflash2_checkpoint(SHIPPED_V2)
+    c, vc = draft.cfg, draft.v2
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert c.hidden_size == 576 and cfg["vocab_size"] == 49152 and cfg["num_target_layers"] == 30
+    assert c.num_attention_heads == 9 and c.num_key_value_heads == 3 and c.head_dim == 64
+    assert c.block_size == 8 and c.mask_token_id == 16 and list(c.target_layer_ids) == [1, 8, 15, 22, 27]
+    assert draft.candidate_selector.successor_codebook.shape == (49152, vc.selector_rank)
+    assert cfg["torch_dtype"] in ("float16", "bfloat16")
+    assert all(torch.isfinite(p).all() for p in draft.parameters())
+    assert float(draft.candidate_selector.successor_codebook.detach().abs().max()) > 0  # trained: starts at zero

@@ -1,4 +1,5 @@
-"""Train a DSpark draft (DFlash backbone + Markov head, spec §3) for a target from its own answers.
+"""Train a DSpark draft (DFlash backbone + Markov head, spec §3), or with `--variant dflash_v2` a
+DFlash v2 draft (grouped dynamic convs + candidate selector, spec §4), for a target from its own answers.
 
 The DSpark sibling of engine/training/gpu_job.py (DFlash v1): the same data path (the target's
 greedy answers, its tapped features stored flat on the device, random anchors inside the answer,
@@ -31,6 +32,17 @@ Markov walk), for n candidates each.
 
     python -m engine.training.gpu_job_dspark --target smollm2 --data-cache answers.jsonl.gz --out OUT \
         --init-backbone resources/drafts/smollm2-dflash-b8
+
+DFlash v2 (`--variant dflash_v2`) shares everything above but the draft and its loss: the z-lab
+layout (offset 1, as v1: the block [anchor, MASK x (B-1)] gives B-1 candidates from rows 1..B-1),
+engine.export.dflash2.DFlash2Draft (a DFlash backbone with an identity-initialised grouped dynamic
+conv around each sublayer, and the candidate selector of rank `--markov-rank` over the top
+`--selector-top-k` unary candidates, starting as a no-op), trained with
+engine.training.variant_train.dflash2_loss (decayed CE of U + the selector's CE with the
+ground-truth predecessor). `--init-backbone` copies a v1 draft's fc, hidden_norm, first layers and
+norm (the v2 draft may have fewer layers); v1 and v2 share the layout, so that start is the v1
+draft truncated. Held-out acceptance runs the walks "none" (argmax of U) and "topk" (the selector
+walk); the engine refuses the dense walk for v2.
 """
 from __future__ import annotations
 
@@ -64,6 +76,13 @@ def _stub_openvino_if_missing() -> None:
 
 _stub_openvino_if_missing()
 
+from engine.export.dflash2 import (  # noqa: E402
+    VARIANT_DFLASH_V2,
+    DFlash2Draft,
+    load_dflash2_checkpoint,
+    random_dflash2_config,
+    save_dflash2_checkpoint,
+)
 from engine.export.dflash_v1 import load_checkpoint as load_v1_checkpoint  # noqa: E402
 from engine.export.dspark import DSparkDraft, load_dspark_checkpoint, random_dspark_config, save_dspark_checkpoint
 from engine.export.markov_head import HEAD_GATED, HEAD_VANILLA
@@ -83,9 +102,20 @@ from engine.training.gpu_job import (
     split_file,
 )
 from engine.training.target_loader import load_target
+from engine.training.variant_train import dflash2_loss
 
 WALKS = ("none", "topk", "dense")
 BACKBONE_PREFIXES = ("fc.", "hidden_norm.", "layers.", "norm.")
+V2_ONLY = ("attention_conv.", "mlp_conv.")  # DFlash v2's additions inside a layer (no v1 counterpart)
+VARIANT_DSPARK = "dspark"
+VARIANTS = (VARIANT_DSPARK, VARIANT_DFLASH_V2)
+
+Draft = DSparkDraft | DFlash2Draft
+
+
+def has_head(draft: Draft) -> bool:
+    """A Markov head (DSpark) or the candidate selector (DFlash v2): the Top-K walk means something."""
+    return isinstance(draft, DFlash2Draft) or draft.markov_head is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,27 +137,48 @@ def new_dspark_draft(target_config: dict[str, Any], layers: int, block_size: int
     return draft, cfg
 
 
-def init_backbone_from_v1(draft: DSparkDraft, v1_dir: Path) -> dict[str, Any]:
+def new_dflash2_draft(target_config: dict[str, Any], layers: int, block_size: int, taps: Sequence[int], mask_id: int,
+                      rank: int, top_k: int, conv_group_size: int = 16, conv_kernel_size: int = 2
+                      ) -> tuple[DFlash2Draft, dict[str, Any]]:
+    """A fresh DFlash v2 draft (identity convs, a selector that starts as a no-op: successor codebook
+    0); the predecessor codebook ~ N(0, 1/r), as the DSpark head's W1, so the selector learns from step 1."""
+    cfg = random_dflash2_config(target_config, layers, block_size, taps, mask_id, conv_group_size=conv_group_size,
+                                conv_kernel_size=conv_kernel_size, selector_rank=rank, selector_top_k=top_k)
+    draft = DFlash2Draft(cfg)
+    with torch.no_grad():
+        draft.candidate_selector.predecessor_codebook.normal_(0.0, rank ** -0.5)
+    return draft, cfg
+
+
+def init_backbone_from_v1(draft: Draft, v1_dir: Path) -> dict[str, Any]:
     """Copy a DFlash v1 draft's backbone (fc, hidden_norm, layers, norm) into `draft`: same tensor
-    names and shapes are required (same target, layers, taps, MLP width); the block layout differs
-    (v1 offset 1, DSpark offset 0), so this is an initialisation, not a conversion."""
+    names and shapes are required (same target, taps, MLP width); a draft with fewer layers takes
+    the first ones. For DSpark the block layout differs (v1 offset 1, DSpark offset 0), so this is an
+    initialisation, not a conversion; DFlash v2 shares v1's layout (its convs start as identities)."""
     v1, v1_cfg = load_v1_checkpoint(Path(v1_dir))
     a, b = v1.cfg, draft.cfg
-    for field in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "target_layer_ids", "mask_token_id"):
         if getattr(a, field) != getattr(b, field):
-            raise ValueError(f"{v1_dir}: {field} {getattr(a, field)!r} differs from the DSpark draft's {getattr(b, field)!r}")
+            raise ValueError(f"{v1_dir}: {field} {getattr(a, field)!r} differs from the draft's {getattr(b, field)!r}")
+    if b.num_hidden_layers > a.num_hidden_layers:
+        raise ValueError(f"{v1_dir}: {a.num_hidden_layers} layers, the draft wants {b.num_hidden_layers}")
     src = v1.state_dict()
     own = draft.state_dict()
-    keys = [k for k in own if k.startswith(BACKBONE_PREFIXES)]
+    keys = [k for k in own if k.startswith(BACKBONE_PREFIXES) and not any(x in k for x in V2_ONLY)]
     missing = [k for k in keys if k not in src or src[k].shape != own[k].shape]
     if missing:
         raise ValueError(f"{v1_dir}: backbone tensors missing or misshapen: {missing[:4]}")
     draft.load_state_dict({k: src[k] for k in keys}, strict=False)
-    return {"from": str(v1_dir), "tensors": len(keys), "v1_block_size": v1_cfg.get("block_size")}
+    return {"from": str(v1_dir), "tensors": len(keys), "v1_block_size": v1_cfg.get("block_size"),
+            "v1_layers": a.num_hidden_layers, "layers_copied": b.num_hidden_layers}
 
 
-def head_parameters(draft: DSparkDraft) -> list[torch.nn.Parameter]:
+def head_parameters(draft: Draft) -> list[torch.nn.Parameter]:
+    """The fresh heads (trained at --head-lr-mult): DSpark's Markov + confidence heads, DFlash v2's
+    selector (its convs start as identities inside the backbone and learn at the backbone's rate)."""
+    if isinstance(draft, DFlash2Draft):
+        return list(draft.candidate_selector.parameters())
     mods = [m for m in (draft.markov_head, draft.confidence_head) if m is not None]
     return [p for m in mods for p in m.parameters()]
 
@@ -184,6 +235,18 @@ def dspark_batch_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Ten
     return loss, {k: v.detach() for k, v in parts.items()}
 
 
+def batch_loss(draft: Draft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, embed: torch.Tensor,
+               lm_head: torch.Tensor, w: LossWeights, block_lens: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The variant's loss: dspark_batch_loss, or variant_train.dflash2_loss for DFlash v2 (block_lens
+    there count rows incl. the anchor, 2..B; only w.gamma applies)."""
+    if isinstance(draft, DFlash2Draft):
+        parts: dict[str, torch.Tensor] = {}
+        loss = dflash2_loss(draft, tokens, feats, anchors, embed, lm_head, w.gamma, block_lens, parts=parts)
+        return loss, parts
+    return dspark_batch_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens)
+
+
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------
@@ -206,7 +269,7 @@ class DSparkTrainConfig:
     log_every: int = 100
 
 
-def train_dspark(draft: DSparkDraft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor,
+def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor,
                  lm_head: torch.Tensor, cfg: DSparkTrainConfig, weights: LossWeights, ckpt_path: Path | None = None,
                  resume: bool = False, log: Log = print) -> dict[str, Any]:
     """Train in place (AdamW, warmup + cosine over min(steps, time budget), bf16 autocast on GPU).
@@ -228,7 +291,9 @@ def train_dspark(draft: DSparkDraft, data: FlatData, train_rows: torch.Tensor, e
         opt.load_state_dict(ck["opt"])
         state = {k: ck[k] for k in state}
         log(f"resumed from {ckpt_path} at step {state['step']}")
-    span = blk + 1  # an offset-0 block's labels reach B tokens past the anchor
+    v2 = isinstance(draft, DFlash2Draft)
+    span = blk if v2 else blk + 1  # an offset-0 block's labels reach B tokens past the anchor, offset 1's B-1
+    min_len = 2 if v2 else 1  # shortest block: one candidate (offset 1: the anchor row + one)
     rows = train_rows[(data.gen_lens[train_rows.to(data.gen_lens.device)] >= span).cpu()].cpu()
     if rows.numel() == 0:
         raise ValueError(f"no training answer has >= {span} tokens")
@@ -264,10 +329,10 @@ def train_dspark(draft: DSparkDraft, data: FlatData, train_rows: torch.Tensor, e
         lens = None
         if cfg.short_block_frac > 0:
             short = torch.rand(anchors.shape, generator=gen) < cfg.short_block_frac
-            lens = torch.where(short, torch.randint(1, blk + 1, anchors.shape, generator=gen), blk).to(dev)
+            lens = torch.where(short, torch.randint(min_len, blk + 1, anchors.shape, generator=gen), blk).to(dev)
         try:
             with amp:
-                loss, parts = dspark_batch_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens)
+                loss, parts = batch_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         except torch.OutOfMemoryError:
@@ -313,11 +378,12 @@ def train_dspark(draft: DSparkDraft, data: FlatData, train_rows: torch.Tensor, e
 # Greedy walks over a batch of blocks (the batched form of engine.export.dspark.lattice_walk)
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
-def walk_blocks(draft: DSparkDraft, h: torch.Tensor, unary: torch.Tensor, anchor_ids: torch.Tensor, mode: str,
+def walk_blocks(draft: Draft, h: torch.Tensor, unary: torch.Tensor, anchor_ids: torch.Tensor, mode: str,
                 top_k: int) -> torch.Tensor:
-    """h [M, n, H], unary [M, n, V] (float32), anchor_ids [M] -> drafted tokens [M, n] for one walk."""
+    """h [M, n, H] (the candidate rows), unary [M, n, V] (float32), anchor_ids [M] -> drafted tokens
+    [M, n] for one walk. "topk" is DSpark's Top-K scorer or DFlash v2's selector walk (the same lattice)."""
     m, n, _ = unary.shape
-    if mode == "none" or draft.markov_head is None:
+    if mode == "none" or not has_head(draft):
         return unary.argmax(-1)
     if mode == "topk":
         vals, cand = torch.topk(unary, top_k, dim=-1)  # [M, n, K], best first
@@ -335,6 +401,8 @@ def walk_blocks(draft: DSparkDraft, h: torch.Tensor, unary: torch.Tensor, anchor
             prev = j
         return torch.stack(out, 1)
     if mode == "dense":
+        if isinstance(draft, DFlash2Draft):
+            raise ValueError("DFlash v2 has no dense walk")
         prev = anchor_ids
         out = []
         for p in range(n):
@@ -346,12 +414,15 @@ def walk_blocks(draft: DSparkDraft, h: torch.Tensor, unary: torch.Tensor, anchor
 
 
 @torch.no_grad()
-def accepted_lengths_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[int], n_cand: int,
+def accepted_lengths_dspark(draft: Draft, data: FlatData, rows: Sequence[int], n_cand: int,
                             embed: torch.Tensor, lm_head: torch.Tensor, modes: Sequence[str], top_k: int, bf16: bool,
                             max_blocks: int = 4096) -> dict[str, list[torch.Tensor]]:
     """For every anchor a in [P, P+G-1-n] of each row: how many of the n candidates each walk drafts
-    (block [x_a, MASK x (n-1)], context = the target's features of positions < a) match the answer.
-    Rows are batched; returns {mode: [accepted [G-n] per row]}."""
+    (block [x_a, MASK x (n-1)] for DSpark, [x_a, MASK x n] for DFlash v2 (offset 1), context = the
+    target's features of positions < a) match the answer. Rows are batched; returns
+    {mode: [accepted [G-n] per row]}."""
+    off = int(draft.candidate_offset)
+    rows_blk = n_cand + off
     dev = embed.device
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     w_head = lm_head.float()
@@ -366,16 +437,20 @@ def accepted_lengths_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[i
     for s in range(0, n_max, step):
         j = torch.arange(s, min(n_max, s + step), device=dev)
         anchors = p_all[:, None] + torch.minimum(j[None, :], (counts - 1).clamp(min=0)[:, None])  # [b, A]
-        batch = packed_inputs(toks, feats, anchors, n_cand, draft.cfg.mask_token_id, embed)
+        batch = packed_inputs(toks, feats, anchors, rows_blk, draft.cfg.mask_token_id, embed)
         batch.pop("labels"), batch.pop("label_weights")
+        kw = {}
+        if isinstance(draft, DFlash2Draft):
+            batch["noise_embedding"] = draft.scale_embeddings(batch["noise_embedding"])
+            kw["block_len"] = rows_blk  # the convs see each (shorter) block on its own
         with amp:
-            h = draft.forward_packed(**batch)
+            h = draft.forward_packed(**batch, **kw)
         b, a = anchors.shape
-        h = h.float().view(b * a, n_cand, -1)
+        h = h.float().view(b * a, rows_blk, -1)[:, off:]
         labels = toks.gather(1, (anchors[:, :, None] + 1 + torch.arange(n_cand, device=dev)).view(b, -1))
         labels = labels.view(b * a, n_cand)
         anchor_ids = toks.gather(1, anchors).view(-1)
-        unary = h @ w_head.T
+        unary = draft.unary_logits(h, w_head)
         for m in modes:
             drafted = walk_blocks(draft, h, unary, anchor_ids, m, top_k)
             per_mode[m].append((drafted == labels).long().cumprod(-1).sum(-1).view(b, a))
@@ -387,14 +462,14 @@ def accepted_lengths_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[i
 
 
 @torch.no_grad()
-def heldout_acceptance_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence[int], embed: torch.Tensor,
+def heldout_acceptance_dspark(draft: Draft, data: FlatData, rows: Sequence[int], embed: torch.Tensor,
                               lm_head: torch.Tensor, cands: Sequence[int], modes: Sequence[str] = WALKS,
                               top_k: int = 8, bf16: bool = True, rows_per_pass: int = 16) -> dict[str, Any]:
     """τ (tokens per target step: accepted drafts + the target's own token) of the greedy decode
     replayed on held-out answers, per walk and number of candidates, overall and per kind, with
     P(candidate k accepted | 1..k-1 accepted)."""
     draft.eval()
-    modes = [m for m in modes if m == "none" or draft.markov_head is not None]
+    modes = [m for m in modes if m == "none" or (has_head(draft) and not (m == "dense" and isinstance(draft, DFlash2Draft)))]
     res: dict[str, Any] = {}
     for n in cands:
         keep = [r for r in rows if int(data.gen_lens[r]) >= n + 2]
@@ -432,11 +507,12 @@ def heldout_acceptance_dspark(draft: DSparkDraft, data: FlatData, rows: Sequence
 # --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
-def ship_dspark(draft: DSparkDraft, config: dict[str, Any], folder: Path, dtype: torch.dtype,
+def ship_dspark(draft: Draft, config: dict[str, Any], folder: Path, dtype: torch.dtype,
                 extra: dict[str, Any]) -> Path:
-    """config.json (DeepSpec layout) + model.safetensors in `dtype` (no embedding / lm_head copies: the
-    engine grafts the target's) + training.json."""
-    save_dspark_checkpoint(copy.deepcopy(draft).to("cpu", dtype), config, folder)
+    """config.json (DeepSpec layout, or z-lab's for DFlash v2) + model.safetensors in `dtype` (no
+    embedding / lm_head copies: the engine grafts the target's) + training.json."""
+    save = save_dflash2_checkpoint if isinstance(draft, DFlash2Draft) else save_dspark_checkpoint
+    save(copy.deepcopy(draft).to("cpu", dtype), config, folder)
     (Path(folder) / "training.json").write_text(json.dumps(extra, indent=1) + "\n", encoding="utf-8")
     return Path(folder)
 
@@ -450,8 +526,9 @@ def safetensors_bytes(vocab: int, hidden: int, n_params_backbone: int, rank: int
 # CLI
 # --------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a DSpark draft (DFlash backbone + Markov head) from the "
-                                 "target's own answers.")
+    ap = argparse.ArgumentParser(description="Train a DSpark draft (DFlash backbone + Markov head) or a DFlash v2 "
+                                 "draft (convs + candidate selector) from the target's own answers.")
+    ap.add_argument("--variant", default=VARIANT_DSPARK, choices=VARIANTS)
     ap.add_argument("--target", default="smollm2", help="'smollm2', a .gguf, a HF folder, or 'random:smollm2'")
     ap.add_argument("--prompts", help="JSONL(.gz) from engine.training.corpus; without it the rows (and their "
                     "order: the first --heldout are held out) come from --data-cache")
@@ -476,12 +553,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=8, help="rows incl. the anchor = candidates per block")
     ap.add_argument("--taps", default="1,8,15,22,27")
     ap.add_argument("--mask-token-id", type=int, default=-1)
-    ap.add_argument("--markov-rank", type=int, default=12)
+    ap.add_argument("--markov-rank", type=int, default=12, help="rank of the Markov head (DSpark) or of the "
+                    "candidate selector (DFlash v2)")
+    ap.add_argument("--selector-top-k", type=int, default=16, help="DFlash v2: the selector's K (config and loss)")
+    ap.add_argument("--conv-group-size", type=int, default=16, help="DFlash v2")
+    ap.add_argument("--conv-kernel-size", type=int, default=2, help="DFlash v2")
     ap.add_argument("--head", default=HEAD_VANILLA, choices=(HEAD_VANILLA, HEAD_GATED, "none"))
     ap.add_argument("--confidence", default="markov", choices=("none", "hidden", "markov"),
                     help="confidence head: none, on h alone, or on [h ; W1[prev]] (DeepSpec's)")
     ap.add_argument("--init-backbone", help="a DFlash v1 draft folder of the same shape to warm-start the backbone")
-    ap.add_argument("--init-from", help="a DSpark draft folder to start from (all weights)")
+    ap.add_argument("--init-from", help="a draft folder of the --variant to start from (all weights)")
     ap.add_argument("--resume", action="store_true", help="continue from WORK/ckpt.pt")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=32)
@@ -504,7 +585,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--eval-rows", type=int, default=256)
     ap.add_argument("--eval-cands", default="3,5,7,8")
-    ap.add_argument("--eval-top-k", type=int, default=8)
+    ap.add_argument("--eval-top-k", default="8", help="K of the Top-K / selector walk; a comma list also "
+                    "evaluates the further K's (metrics heldout_topk)")
     ap.add_argument("--ship-dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--max-mb", type=float, default=20.0, help="refuse to train a draft whose weights would not fit")
     ap.add_argument("--split-mib", type=float, default=0)
@@ -561,23 +643,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit("no MASK token known for this target: pass --mask-token-id")
 
     # ---- the draft first: refuse a size that would not ship before spending time on data
+    v2 = args.variant == VARIANT_DFLASH_V2
     rank = 0 if args.head == "none" else args.markov_rank
     if args.init_from:
-        draft, dcfg = load_dspark_checkpoint(Path(args.init_from))
+        draft, dcfg = (load_dflash2_checkpoint if v2 else load_dspark_checkpoint)(Path(args.init_from))
         log(f"draft initialised from {args.init_from}")
+    elif v2:
+        draft, dcfg = new_dflash2_draft(tcfg, args.layers, args.block_size, taps, mask_id, args.markov_rank,
+                                        args.selector_top_k, args.conv_group_size, args.conv_kernel_size)
     else:
         draft, dcfg = new_dspark_draft(tcfg, args.layers, args.block_size, taps, mask_id, rank,
                                        args.head if rank else HEAD_VANILLA, args.confidence != "none",
                                        args.confidence == "markov", args.anchors)
-        if args.init_backbone:
-            metrics["init_backbone"] = init_backbone_from_v1(draft, Path(args.init_backbone))
-            log(f"backbone warm-started from the DFlash v1 draft {args.init_backbone}")
+    if args.init_backbone and not args.init_from:
+        metrics["init_backbone"] = init_backbone_from_v1(draft, Path(args.init_backbone))
+        log(f"backbone warm-started from the DFlash v1 draft {args.init_backbone}")
     n_params = sum(p.numel() for p in draft.parameters())
     est_mb = n_params * 2 / 1e6
-    log(f"draft: DSpark, {dcfg['num_hidden_layers']} layers, block {dcfg['block_size']} (offset 0), taps {taps}, "
-        f"mask {mask_id}, Markov head {dcfg.get('markov_head_type', 'none')} rank {dcfg['markov_rank']}, confidence "
-        f"{'with markov' if dcfg['confidence_head_with_markov'] else dcfg['enable_confidence_head']}, "
-        f"{n_params / 1e6:.2f}M parameters (~{est_mb:.2f} MB fp16)")
+    if v2:
+        vc = draft.v2
+        log(f"draft: DFlash v2, {draft.cfg.num_hidden_layers} layers, block {draft.cfg.block_size} (offset 1), "
+            f"taps {taps}, mask {mask_id}, convs group {vc.conv_group_size} kernel {vc.conv_kernel_size}, selector "
+            f"rank {vc.selector_rank} top-k {vc.selector_top_k}, {n_params / 1e6:.2f}M parameters (~{est_mb:.2f} MB fp16)")
+    else:
+        log(f"draft: DSpark, {dcfg['num_hidden_layers']} layers, block {dcfg['block_size']} (offset 0), taps {taps}, "
+            f"mask {mask_id}, Markov head {dcfg.get('markov_head_type', 'none')} rank {dcfg['markov_rank']}, confidence "
+            f"{'with markov' if dcfg['confidence_head_with_markov'] else dcfg['enable_confidence_head']}, "
+            f"{n_params / 1e6:.2f}M parameters (~{est_mb:.2f} MB fp16)")
     if args.ship_dtype != "float32" and est_mb >= args.max_mb:
         raise SystemExit(f"the draft would take {est_mb:.2f} MB > --max-mb {args.max_mb}: lower --markov-rank")
 
@@ -661,10 +753,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         "losses": losses}
 
     # ---- the shipped draft first (an evaluation failure must not lose it), then held-out acceptance
-    extra = {"recipe": "engine.training.gpu_job_dspark (self-distilled DSpark: offset-0 blocks, DFlash block mask, "
-                       "teacher-forced Markov head, CE + one-hot L1 + unary CE + confidence BCE)",
-             "steps": tres["steps"], "loss_last": metrics["train"]["loss_last"],
-             "init_backbone": metrics.get("init_backbone"), "walk_top_k": args.eval_top_k}
+    top_ks = [int(x) for x in str(args.eval_top_k).split(",")]
+    recipe = ("engine.training.gpu_job_dspark --variant dflash_v2 (self-distilled DFlash v2: offset-1 blocks, DFlash "
+              "block mask, grouped dynamic convs, decayed CE of U + selector CE over the top-K with the ground-truth "
+              "predecessor)" if v2 else
+              "engine.training.gpu_job_dspark (self-distilled DSpark: offset-0 blocks, DFlash block mask, "
+              "teacher-forced Markov head, CE + one-hot L1 + unary CE + confidence BCE)")
+    extra = {"recipe": recipe, "steps": tres["steps"], "loss_last": metrics["train"]["loss_last"],
+             "init_backbone": metrics.get("init_backbone"), "init_from": args.init_from, "walk_top_k": top_ks[0]}
     ship_dtype = getattr(torch, args.ship_dtype)
     folder = ship_dspark(draft, dcfg, out / "draft", ship_dtype, extra)
     size = (folder / "model.safetensors").stat().st_size
@@ -675,13 +771,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         metrics["draft"]["parts"] = [p.name for p in split_file(folder / "model.safetensors", int(args.split_mib * 2**20))]
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
     t0 = time.time()
-    cands = [int(x) for x in args.eval_cands.split(",") if 0 < int(x) <= dcfg["block_size"]]
+    cands = [int(x) for x in args.eval_cands.split(",")
+             if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
     rows_per_pass = 16
     acc: dict[str, Any] = {}
     while True:
         try:
-            acc = heldout_acceptance_dspark(draft, data, list(range(min(len(held), args.eval_rows))), embed, lm_head,
-                                            cands, WALKS, args.eval_top_k, bf16, rows_per_pass)
+            eval_rows = list(range(min(len(held), args.eval_rows)))
+            acc = heldout_acceptance_dspark(draft, data, eval_rows, embed, lm_head, cands, WALKS, top_ks[0], bf16,
+                                            rows_per_pass)
+            for k in top_ks[1:]:
+                more = heldout_acceptance_dspark(draft, data, eval_rows, embed, lm_head, cands, ("topk",), k, bf16,
+                                                 rows_per_pass)
+                metrics.setdefault("heldout_topk", {})[str(k)] = more
+                for n, per in more.items():
+                    log(f"held-out, {n} candidates, walk topk K={k}: tokens/step {per['topk']['tokens_per_step']}")
             break
         except torch.OutOfMemoryError:
             if rows_per_pass == 1:

@@ -92,8 +92,10 @@ def dspark_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, a
 
 def dflash2_loss(draft: DFlash2Draft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                  embed: torch.Tensor, lm_head: torch.Tensor, gamma: float,
-                 block_lens: torch.Tensor | None = None) -> torch.Tensor:
-    """Offset-1 blocks: rows 1..B-1 predict anchor+1..anchor+B-1; base CE + selector CE."""
+                 block_lens: torch.Tensor | None = None, parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Offset-1 blocks: rows 1..B-1 predict anchor+1..anchor+B-1; base CE + selector CE.
+    `parts`, when given, receives the detached terms: "ce" (unary), "selector" (its CE over the
+    covered rows) and "covered" (the weighted share of rows whose label is in the top-K)."""
     c = draft.cfg
     bsz, n_anchor = anchors.shape
     blk = c.block_size
@@ -112,7 +114,10 @@ def dflash2_loss(draft: DFlash2Draft, tokens: torch.Tensor, feats: torch.Tensor,
     hit = cand == labels[..., None]
     covered = hit.any(-1).float()
     sel = F.cross_entropy(energy.flatten(0, 2), hit.float().argmax(-1).flatten(), reduction="none").view_as(labels)
-    return loss + SELECTOR_LOSS_WEIGHT * _weighted_mean(sel, w * covered)
+    sel_loss = _weighted_mean(sel, w * covered)
+    if parts is not None:
+        parts.update(ce=loss.detach(), selector=sel_loss.detach(), covered=_weighted_mean(covered, w).detach())
+    return loss + SELECTOR_LOSS_WEIGHT * sel_loss
 
 
 # --------------------------------------------------------------------------------------------
