@@ -20,7 +20,8 @@ from engine.config import GenerationConfig
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
-from engine.drafting.draft_batch import DraftBatch, DraftCall
+from engine.drafting.draft_batch import DraftCall
+from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
@@ -108,7 +109,7 @@ class SpeculativePipeline:
         self.target = target
         self.tokenizer = tokenizer
         self.draft = draft
-        self.drafts = DraftBatch(draft) if draft is not None else None
+        self.drafts = make_draft_batch(draft) if draft is not None else None
         self.precision = precision
         self.scheduler = (scheduler or SchedulerConfig()).validate()
         self._waiting: deque[_Request] = deque()

@@ -201,7 +201,9 @@ def test_draft_state_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_targe
                                                   qwen_alone) -> None:
     """Padding slots of the batched draft state are masked, then compacted away; neither may change a token."""
     from engine.drafting.draft_batch import DraftBatch
+    from engine.models.draft import DraftModel
 
+    monkeypatch.setattr(DraftModel, "KV_ON_HOST", False)  # the stateful path is the one that compacts
     monkeypatch.setattr(DraftBatch, "COMPACT_MIN_SLOTS", 4)
     monkeypatch.setattr(DraftBatch, "COMPACT_RATIO", 0.0)
     cfg = GenerationConfig(max_new_tokens=64, ignore_eos=True)

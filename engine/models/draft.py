@@ -17,6 +17,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
+from engine.models.draft_kv import KVInput, externalize_kv
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
@@ -47,6 +48,7 @@ class DraftInfo:
     activations_scale_factor: float | None = None  # GPU compile floor (DFlash v2)
     confidence_source: str = "none"  # none | backbone | markov_head (DSpark confidence_head_with_markov)
     recommended_candidates: int | None = None  # config.json "num_assistant_tokens": the draft's tuned default
+    sliding_window: int | None = None  # config.json: some layers only see keys this close (by slot index)
 
     @property
     def name(self) -> str:
@@ -133,6 +135,7 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         activations_scale_factor=float(asf) if asf else None,
         recommended_candidates=config.get("num_assistant_tokens") if isinstance(config.get("num_assistant_tokens"), int)
         else None,
+        sliding_window=_sliding_window(config),
         confidence_source={"true": "backbone", "markov_head": "markov_head"}.get(
             (_rt(model, "dflash", "confidence_head") or "").lower(), "none"),
     )
@@ -140,6 +143,13 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         raise ModelFolderError(f"Draft {folder} declares a {info.head_type} Markov head but {SCORER_FILE} is "
                                "missing: export the draft again, or copy the head files next to the backbone.")
     return info
+
+
+def _sliding_window(config: dict) -> int | None:
+    """The window of the draft's sliding-attention layers, if it has any."""
+    window = config.get("sliding_window")
+    sliding = "sliding_attention" in (config.get("layer_types") or []) or config.get("use_sliding_window")
+    return int(window) if sliding and window else None
 
 
 def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = None) -> list[str]:
@@ -234,23 +244,39 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
 
 
 class DraftModel:
-    """A compiled DFlash-family draft (backbone + head IRs); engine/drafting/draft_batch.py runs it.
+    """A compiled DFlash-family draft (backbone + head IRs); engine/drafting/ runs it.
 
-    `request` is the stateful infer request whose KV state (committed context rows only) has one
-    batch row per request."""
+    Normally the draft's KV cache is moved out of the graph into host arrays (`kv` lists the cached
+    tensors; engine/models/draft_kv.py says why) and engine/drafting/host_kv_batch.py runs it. A
+    draft IR that does not have the usual stateful pattern keeps its KV state (`kv` is None) and
+    engine/drafting/draft_batch.py runs its stateful `request`, one batch row per request."""
+
+    KV_ON_HOST = True  # False keeps every draft stateful (tests of the stateful path)
 
     def __init__(self, info: DraftInfo, target_folder: Path, core: ov.Core, device: str,
                  properties: dict[str, str]) -> None:
         self.info = info
-        draft = core.read_model(info.folder / "openvino_model.xml")
-        target = core.read_model(Path(target_folder) / "openvino_model.xml")
-        props = draft_compile_properties(info, device, properties)
-        self.compiled = core.compile_model(graft_target_head(draft, target, info), device, props)
-        self.request = self.compiled.create_infer_request()
+        self._target_folder, self._core, self._device = Path(target_folder), core, device
+        self._props = props = draft_compile_properties(info, device, properties)
+        self.kv: list[KVInput] | None = None
+        # The exported masks measure a sliding window in slots, which host-side padding would stretch.
+        self._compile(self.KV_ON_HOST and info.sliding_window is None)
         self.scorer = (core.compile_model(info.folder / SCORER_FILE, device, props).create_infer_request()
                        if info.has_head else None)
         self.dense_head = (core.compile_model(info.folder / DENSE_HEAD_FILE, device, props).create_infer_request()
                            if info.has_head and (info.folder / DENSE_HEAD_FILE).is_file() else None)
+
+    def _compile(self, kv_on_host: bool) -> None:
+        draft = self._core.read_model(self.info.folder / "openvino_model.xml")
+        target = self._core.read_model(self._target_folder / "openvino_model.xml")
+        self.kv = externalize_kv(draft) if kv_on_host else None
+        self.compiled = self._core.compile_model(graft_target_head(draft, target, self.info), self._device, self._props)
+        self.request = self.compiled.create_infer_request()
+
+    def use_state(self) -> None:
+        """Recompile with the KV cache as the IR's own state (a draft whose masks the host path cannot trust)."""
+        if self.kv is not None:
+            self._compile(False)
 
 
 def draft_compile_properties(info: DraftInfo, device: str, properties: dict[str, str]) -> dict[str, str]:

@@ -9,7 +9,8 @@ import openvino as ov
 import pytest
 
 from engine.config import GenerationConfig
-from engine.drafting.draft_batch import DraftBatch, DraftCall
+from engine.drafting.draft_batch import DraftCall
+from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, draft_candidates
 from engine.models.draft import DraftModel, draft_compile_properties, read_draft_info
 from engine.models.properties import compile_properties
@@ -65,7 +66,7 @@ def test_engine_candidates_equal_the_torch_reference(tiny_qwen3_target, tiny_var
     out = target.infer([SeqChunk(0, ids, 0, 1)])
     anchor, context = int(out.next_ids[0][-1]), out.hidden[0].copy()
     n = min(5, info.max_candidates)
-    (drafted,), _ = draft_candidates(DraftBatch(model), [DraftJob(DraftCall(0, anchor, n, context), k)])
+    (drafted,), _ = draft_candidates(make_draft_batch(model), [DraftJob(DraftCall(0, anchor, n, context), k)])
     got = drafted.tokens
     assert got == _reference(tiny_variant_drafts[name], target_weights, anchor, context, n, mode, k)
 

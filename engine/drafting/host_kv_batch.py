@@ -1,0 +1,170 @@
+"""One draft inference for every request that drafts in a step, with the draft's KV cache on the host.
+
+The draft graph takes its past keys/values as inputs (engine/models/draft_kv.py) and returns the
+keys/values of the new context rows; this class keeps them in one array per cached tensor,
+[rows, kv heads, capacity, head size], one batch row per request. Why: the call's shapes then stay
+the same step after step (the capacity only changes when it doubles or shrinks, new context rows
+are padded to a steady count), and the CPU plugin does not re-plan the graph on every call, which
+cost more than the draft's compute (docs/engine.md, "Draft KV on the host").
+
+Each row's own slots are its first `lengths[seq]` slots; everything else (the unused capacity, padded
+context rows, the block rows of shorter blocks) is hidden by the attention mask, which gives it
+exactly zero weight, so a request's candidates do not depend on who else is in the batch. There
+is nothing to compact: a row only ever writes its real rows, back to back.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from engine.drafting.draft_batch import DraftCall, DraftRows
+from engine.models.draft import DraftModel
+
+
+class HostKVBatch:
+    """The batch rows of a draft whose KV cache lives in host arrays (same interface as DraftBatch)."""
+
+    MIN_CAPACITY = 256  # slots per row allocated at least; then doubled as contexts grow
+
+    serial = False  # every row runs in the one batched call
+
+    def __init__(self, model: DraftModel) -> None:
+        assert model.kv is not None, "HostKVBatch needs a draft whose KV cache was moved to the host"
+        self.model = model
+        self.info = model.info
+        self.request = model.request
+        self.rows: list[int] = []  # sequence per batch row
+        self.lengths: dict[int, int] = {}  # context rows cached per sequence
+        self.dropped: set[int] = set()
+        self.buffers = [self._empty(0, 0, kv.heads, kv.head_size) for kv in model.kv]
+        self.steady_rows = self.info.block_size  # new context rows per step never exceed a block
+        self.last_model_ms = 0.0
+
+    @staticmethod
+    def _empty(rows: int, capacity: int, heads: int, head_size: int) -> np.ndarray:
+        return np.zeros((rows, heads, capacity, head_size), np.float32)
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2]
+
+    def drop(self, seq: int) -> None:
+        """Forget a sequence (finished, cancelled, preempted); its row leaves at the next call."""
+        self.lengths.pop(seq, None)
+        if seq in self.rows:
+            self.dropped.add(seq)
+
+    def _rebatch(self, calls: list[DraftCall]) -> None:
+        """Drop finished rows, append newcomers; copies the arrays only when the rows change."""
+        keep = [s for s in self.rows if s not in self.dropped]
+        new = [c.seq for c in calls if c.seq not in self.rows or c.seq in self.dropped]
+        if not new and len(keep) == len(self.rows):
+            return
+        index = [self.rows.index(s) for s in keep]
+        longest = max((self.lengths[s] for s in keep), default=0)
+        capacity = self.capacity
+        if capacity > self.MIN_CAPACITY and 4 * longest < capacity:  # long requests left: shrink
+            capacity = max(self.MIN_CAPACITY, _pow2_at_least(2 * longest))
+        self.buffers = [np.concatenate([b[index, :, :capacity], self._empty(len(new), capacity, b.shape[1], b.shape[3])])
+                        for b in self.buffers]
+        self.lengths.update({s: 0 for s in new})
+        self.rows, self.dropped = keep + new, set()
+
+    def _reserve(self, slots: int) -> None:
+        """Make room for `slots` slots per row (doubling, so the shape changes rarely)."""
+        if slots <= self.capacity:
+            return
+        capacity = max(self.MIN_CAPACITY, _pow2_at_least(slots))
+        grown = []
+        for b in self.buffers:
+            g = self._empty(b.shape[0], capacity, b.shape[1], b.shape[3])
+            g[:, :, : b.shape[2]] = b
+            grown.append(g)
+        self.buffers = grown
+
+    def run(self, calls: list[DraftCall], top_k: int) -> list[DraftRows]:
+        """One inference drafting every call's block; returns their rows in call order."""
+        t0 = time.perf_counter()
+        info = self.info
+        self._rebatch(calls)
+        by_seq = {c.seq: c for c in calls}
+        self._reserve(max((self.lengths[s] for s in self.rows), default=0))
+        rows, cap = len(self.rows), self.capacity
+        ctx = max([self.steady_rows] + [c.context.shape[0] for c in calls])
+        block = max(c.n for c in calls) + info.candidate_offset
+        ids = np.full((rows, block), info.mask_token_id, np.int64)
+        hidden = np.zeros((rows, ctx, info.context_width), np.float32)
+        positions = np.zeros((rows, ctx + block), np.int64)
+        mask = np.zeros((rows, cap + ctx + block), np.int64)
+        got = [0] * rows
+        for r, seq in enumerate(self.rows):
+            base = self.lengths[seq]
+            mask[r, :base] = 1
+            c = by_seq.get(seq)
+            if c is not None:
+                got[r] = c.context.shape[0]
+                ids[r, 0] = c.anchor
+                hidden[r, : got[r]] = c.context
+                mask[r, cap: cap + got[r]] = 1
+                mask[r, cap + ctx: cap + ctx + c.n + info.candidate_offset] = 1
+            else:
+                mask[r, cap + ctx] = 1  # an idle row: one slot so its softmax has something to read
+            positions[r, : got[r]] = np.arange(base, base + got[r])
+            positions[r, got[r]: ctx] = base + got[r]
+            positions[r, ctx:] = np.arange(base + got[r], base + got[r] + block)
+        feeds = {"input_ids": ids, "hidden_states": hidden, "position_ids": positions, "attention_mask": mask,
+                 "top_k": np.array(top_k, np.int64)}
+        feeds.update({kv.past_name: b for kv, b in zip(self.model.kv, self.buffers)})
+        self.request.infer(feeds, share_inputs=True, share_outputs=True)
+        self._commit(got)
+        self.last_model_ms = (time.perf_counter() - t0) * 1e3
+        return [self._rows(self.rows.index(c.seq), c.n) for c in calls]
+
+    def _commit(self, got: list[int]) -> None:
+        """Append each row's new context keys/values to its slots."""
+        self._reserve(max(self.lengths[s] + g for s, g in zip(self.rows, got)))
+        for kv, buf in zip(self.model.kv, self.buffers):
+            new = self.request.get_tensor(kv.new_name).data
+            for r, seq in enumerate(self.rows):
+                if got[r]:
+                    base = self.lengths[seq]
+                    buf[r, :, base: base + got[r]] = new[r, :, : got[r]]
+        for seq, g in zip(self.rows, got):
+            self.lengths[seq] += g
+
+    def _rows(self, row: int, n: int) -> DraftRows:
+        req = self.request
+        return DraftRows(req.get_tensor("draft_topk_ids").data[row, :n], req.get_tensor("draft_topk_logits").data[row, :n],
+                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def host_padding_is_exact(model: DraftModel) -> bool:
+    """Probe: do masked slots (unused capacity, padded context rows) leave a row's output unchanged?
+
+    False for a draft IR that ignores `attention_mask`; the caller then keeps the stateful path."""
+    info = model.info
+    req = model.compiled.create_infer_request()
+    rng = np.random.default_rng(0)
+    ctx = rng.standard_normal((1, 3, info.context_width)).astype(np.float32)
+    block = 1 + info.candidate_offset + 1
+    ids = np.full((1, block), info.mask_token_id, np.int64)
+
+    def run(hidden: np.ndarray, capacity: int, garbage: float) -> np.ndarray:
+        rows = hidden.shape[1]
+        mask = np.concatenate([np.zeros(capacity), np.ones(3), np.zeros(rows - 3), np.ones(block)])[None].astype(np.int64)
+        feeds = {"input_ids": ids, "hidden_states": hidden, "attention_mask": mask, "top_k": np.array(1, np.int64),
+                 "position_ids": np.concatenate([np.arange(rows), np.arange(3, 3 + block)])[None].astype(np.int64)}
+        feeds.update({kv.past_name: garbage * rng.standard_normal((1, kv.heads, capacity, kv.head_size)).astype(np.float32)
+                      for kv in model.kv})
+        req.infer(feeds)
+        return req.get_tensor("last_hidden_state").data.copy()
+
+    plain = run(ctx, 0, 0.0)
+    padded_ctx = np.concatenate([ctx, 100 * rng.standard_normal((1, 2, info.context_width)).astype(np.float32)], 1)
+    padded = run(padded_ctx, 4, 100.0)
+    return bool(np.allclose(plain, padded, atol=1e-4, rtol=1e-4))
