@@ -112,6 +112,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_draft_vocab(args: argparse.Namespace) -> int:
+    """Write draft_vocabulary.json: the draft's lm_head then scores only the most frequent answer tokens."""
+    from engine.models.draft_vocab import count_answer_tokens, read_answer_rows, write_draft_vocabulary
+    from engine.models.tokenizer import TextTokenizer
+
+    rows: list[list[int]] = []
+    for path in args.answers or []:
+        rows += read_answer_rows(Path(path), args.field)
+    if args.text:
+        if not args.target:
+            raise ValueError("--text needs --target: the target's tokenizer turns the text into token ids")
+        tok = TextTokenizer(Path(args.target))
+        rows += [tok.encode(Path(t).read_text(encoding="utf-8"), add_special_tokens=False) for t in args.text]
+    if not rows:
+        raise ValueError("no answers: give --answers FILE.jsonl[.gz] (token-id rows) and/or --text FILE with --target")
+    vocab = args.vocab_size or json.loads((Path(args.draft) / "config.json").read_text()).get("vocab_size")
+    if not vocab:
+        raise ValueError("the draft's config.json does not say vocab_size: pass --vocab-size")
+    held = rows[: args.heldout]
+    record = write_draft_vocabulary(Path(args.draft), count_answer_tokens(rows[args.heldout:], int(vocab)), args.size,
+                                    source=", ".join(map(str, (args.answers or []) + (args.text or []))),
+                                    heldout=count_answer_tokens(held, int(vocab)) if held else None)
+    print(f"{len(record['ids'])} ids, coverage {record['coverage']:.4f}"
+          + (f", held-out coverage {record['heldout_coverage']:.4f}" if "heldout_coverage" in record else ""))
+    return 0
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     from engine.devices import list_devices
 
@@ -198,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
     pr.add_argument("--quiet", action="store_true")
     pr.set_defaults(func=cmd_prepare)
+
+    v = sub.add_parser("draft-vocab", help="write a draft's sub-vocabulary (its lm_head then scores only those tokens)")
+    v.add_argument("--draft", required=True, help="draft folder (exported, or the checkpoint it is exported from)")
+    v.add_argument("--answers", nargs="+", help="JSONL(.gz) files of the target's answers as token ids")
+    v.add_argument("--field", default="answer", help="the token-id field of each JSONL object")
+    v.add_argument("--text", nargs="+", help="text files of the target's answers (tokenized with --target's tokenizer)")
+    v.add_argument("--target", help="target folder (for --text)")
+    v.add_argument("--size", type=int, default=16384, help="tokens to keep, most frequent first")
+    v.add_argument("--vocab-size", type=int, help="the target's vocabulary size (default: the draft's config.json)")
+    v.add_argument("--heldout", type=int, default=0, help="first N rows held out to report coverage")
+    v.set_defaults(func=cmd_draft_vocab)
 
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")

@@ -163,13 +163,14 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
     """
     from engine.export.draft import export_draft
     from engine.models.draft import check_draft_fits
+    from engine.models.draft_vocab import VOCAB_FILE
     from engine.paths import default_drafts_dir
 
     say = progress or (lambda _m, _f: None)
     out: list[Path] = []
     for src in shipped_drafts():
         dest = default_drafts_dir() / src.name
-        source = _sha256(src / "model.safetensors") + ":" + _sha256(src / "config.json")
+        source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = _read_marker(dest) if is_prepared(dest) else {}
         if (not force and marker.get("source_sha256") == source
                 and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT):

@@ -30,10 +30,21 @@ class DraftRows:
     request: ov.InferRequest
     row: int
     n: int
+    vocabulary: np.ndarray | None = None  # the draft's sub-vocabulary (draft_logits columns), if any
+    vocab_size: int = 0
 
     def output(self, name: str) -> np.ndarray:
-        """Any other output of the call for this request (draft_logits [n, V], confidence [n])."""
+        """Any other output of the call for this request (draft_logits [n, V or |vocabulary|], confidence [n])."""
         return self.request.get_tensor(name).data[self.row, : self.n]
+
+    def logits(self) -> np.ndarray:
+        """The draft's logit rows over the whole vocabulary: ids outside a sub-vocabulary are -inf (never drafted)."""
+        raw = self.output("draft_logits")
+        if self.vocabulary is None:
+            return raw
+        full = np.full((raw.shape[0], self.vocab_size), -np.inf, np.float32)
+        full[:, self.vocabulary] = raw
+        return full
 
 
 @dataclass
@@ -143,7 +154,8 @@ class DraftBatch:
     def _rows(self, row: int, n: int, request: ov.InferRequest | None = None) -> DraftRows:
         req = request or self.request
         return DraftRows(req.get_tensor("draft_topk_ids").data[row, :n], req.get_tensor("draft_topk_logits").data[row, :n],
-                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n)
+                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n,
+                         self.model.vocabulary, self.model.vocab_size)
 
     def _maybe_compact(self) -> None:
         real = self.mask.sum(axis=1)

@@ -136,7 +136,8 @@ class HostKVBatch:
     def _rows(self, row: int, n: int) -> DraftRows:
         req = self.request
         return DraftRows(req.get_tensor("draft_topk_ids").data[row, :n], req.get_tensor("draft_topk_logits").data[row, :n],
-                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n)
+                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n,
+                         self.model.vocabulary, self.model.vocab_size)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -87,7 +87,7 @@ def draft_candidates(batch: DraftBatch, jobs: list[DraftJob]) -> tuple[list[Draf
 def _unary(job: DraftJob, rows: DraftRows) -> Drafted:
     if job.sampling is None:
         return Drafted([int(t) for t in rows.topk_ids[:, 0]])
-    logits = rows.output("draft_logits")
+    logits = rows.logits()
     out = Drafted([])
     for j in range(rows.n):
         q = job.sampling.processor.distribution(logits[j], out.tokens)
@@ -139,7 +139,7 @@ def _topk_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows], 
 def _dense_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows]) -> tuple[list[Drafted], float]:
     """The dense walk of every job at once: one head inference per block position."""
     head = batch.model.dense_head
-    logits = [r.output("draft_logits") for r in rows]
+    logits = [r.logits() for r in rows]
     with_conf = batch.info.confidence_source == "markov_head"
     out = [Drafted([], confidence=[] if with_conf else None) for _ in jobs]
     prev = [job.call.anchor for job in jobs]

@@ -30,6 +30,7 @@ from torch import nn
 
 from engine.errors import ModelFolderError
 from engine.export.dflash_v1 import DFLASH_V1_ARCH, DFlashV1Draft, load_checkpoint, read_config
+from engine.models.draft_vocab import VOCAB_FILE
 
 DRAFT_XML = "openvino_model.xml"
 WEIGHT_FORMATS = ("fp32", "fp16", "int8")
@@ -202,8 +203,17 @@ def save_ir(ov_model: ov.Model, folder: Path, weight_format: str) -> None:
 
 
 def export_draft(input_dir: Path, output_dir: Path, weight_format: str = "fp32") -> Path:
-    """Export a draft checkpoint folder to an IR folder; nothing appears at output_dir unless it all worked."""
-    input_dir, output_dir = Path(input_dir), Path(output_dir)
+    """Export a draft checkpoint folder to an IR folder; nothing appears at output_dir unless it all worked.
+
+    The checkpoint's sub-vocabulary (draft_vocabulary.json, engine/models/draft_vocab.py) goes along."""
+    out = _export_ir(Path(input_dir), Path(output_dir), weight_format)
+    vocabulary = Path(input_dir) / VOCAB_FILE
+    if vocabulary.is_file():
+        shutil.copy2(vocabulary, out / VOCAB_FILE)
+    return out
+
+
+def _export_ir(input_dir: Path, output_dir: Path, weight_format: str) -> Path:
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     config = read_config(input_dir)

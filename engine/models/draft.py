@@ -18,6 +18,7 @@ import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
 from engine.models.draft_kv import KVInput, externalize_kv
+from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
@@ -177,6 +178,10 @@ def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = N
         reasons.append(f"Hidden size: the draft expects context rows of width {info.context_width}, but "
                        f"{len(info.target_layer_ids)} target layers of width {hidden} give "
                        f"{len(info.target_layer_ids) * hidden}.")
+    try:
+        read_draft_vocabulary(Path(draft_dir), vocab)
+    except ModelFolderError as exc:
+        reasons.append(f"Vocabulary: {exc}")
     bad = [i for i in info.target_layer_ids if not 0 <= i < layers - 1]
     if bad:
         reasons.append(f"Layer ids: the draft taps target layers {bad}, but this target's tappable layers are "
@@ -205,12 +210,17 @@ def _to_f32(out: ov.Output) -> ov.Output:
     return out if out.get_element_type() == ov.Type.f32 else ops.convert(out, ov.Type.f32).output(0)
 
 
-def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None = None) -> ov.Model:
+def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None = None,
+                      vocabulary: np.ndarray | None = None) -> bool:
     """Replace `inputs_embeds` by the target's embedding of `input_ids`; add lm_head + Top-K outputs.
 
     Outputs added: `draft_topk_ids` / `draft_topk_logits` ([1, N, k], k from the scalar input
-    `top_k`), `draft_logits` (full rows, read by sampled requests and the dense walk). DFlash v2's
+    `top_k`), `draft_logits` (rows read by sampled requests and the dense walk). DFlash v2's
     scales apply here: embeddings x input_embedding_scale, U = softcap(output_multiplier x logits).
+    With a `vocabulary` (engine/models/draft_vocab.py) the lm_head keeps only those rows: then
+    `draft_logits` has one column per vocabulary id and `draft_topk_ids` are mapped back to token
+    ids in the graph. Returns whether the vocabulary was applied (False: the weight's form could
+    not be sliced, and the full vocabulary is scored).
     """
     embeds = draft.input("inputs_embeds").get_node()
     input_ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
@@ -223,7 +233,15 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
     draft.remove_parameter(embeds)
     head = _lm_head(target)
     hidden = draft.output("last_hidden_state").get_node().input_value(0)
-    logits = _to_f32(ops.matmul(hidden, head.input_value(1), False, head.get_attributes()["transpose_b"]).output(0))
+    transpose_b = head.get_attributes()["transpose_b"]
+    weight = head.input_value(1)
+    if vocabulary is not None and transpose_b:
+        vocab_size = int(target.output("logits").get_partial_shape()[2].get_length())
+        sliced = slice_rows(weight, vocabulary, vocab_size)
+        weight = sliced if sliced is not None else weight
+    else:
+        sliced = None
+    logits = _to_f32(ops.matmul(hidden, weight, False, transpose_b).output(0))
     if info is not None and info.output_multiplier != 1.0:
         logits = ops.multiply(logits, ops.constant(np.float32(info.output_multiplier))).output(0)
     if info is not None and info.final_logit_softcapping > 0.0:
@@ -233,14 +251,17 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
     top_k.output(0).get_tensor().set_names({"top_k"})
     draft.add_parameters([input_ids, top_k])
     topk = ops.topk(logits, top_k, -1, "max", "value", ov.Type.i32)
+    topk_ids = topk.output(1)
+    if sliced is not None:  # columns of the sub-vocabulary -> token ids
+        topk_ids = ops.gather(ops.constant(vocabulary.astype(np.int32)), topk_ids, ops.constant(0, ov.Type.i64)).output(0)
     results = []
-    for port, name in ((topk.output(1), "draft_topk_ids"), (topk.output(0), "draft_topk_logits"), (logits, "draft_logits")):
+    for port, name in ((topk_ids, "draft_topk_ids"), (topk.output(0), "draft_topk_logits"), (logits, "draft_logits")):
         r = ops.result(port)
         r.output(0).get_tensor().set_names({name})
         results.append(r)
     draft.add_results(results)
     draft.validate_nodes_and_infer_types()
-    return draft
+    return sliced is not None
 
 
 class DraftModel:
@@ -270,7 +291,11 @@ class DraftModel:
         draft = self._core.read_model(self.info.folder / "openvino_model.xml")
         target = self._core.read_model(self._target_folder / "openvino_model.xml")
         self.kv = externalize_kv(draft) if kv_on_host else None
-        self.compiled = self._core.compile_model(graft_target_head(draft, target, self.info), self._device, self._props)
+        vocab_size = int(target.output("logits").get_partial_shape()[2].get_length())
+        wanted = read_draft_vocabulary(self.info.folder, vocab_size)  # draft_vocabulary.json, if the folder has one
+        self.vocab_size = vocab_size
+        self.vocabulary = wanted if graft_target_head(draft, target, self.info, wanted) else None
+        self.compiled = self._core.compile_model(draft, self._device, self._props)
         self.request = self.compiled.create_infer_request()
 
     def use_state(self) -> None:
