@@ -1,6 +1,7 @@
 """The draft's KV cache on the host (engine/models/draft_kv.py, engine/drafting/host_kv_batch.py).
 
-The rewrite must keep a draft's candidates what the stateful IR gives, grow and shrink its arrays
+The rewrites (state -> inputs/outputs, attention split into past and new parts) must keep a
+draft's candidates what the stateful IR gives, grow and shrink its arrays
 without changing a token, and hand every draft it cannot serve exactly back to the stateful path.
 Precision is pinned to f32 (greedy speculative output is then exact: tests/test_pipeline.py).
 """
@@ -78,7 +79,11 @@ def test_host_kv_is_the_default_and_drafts_what_the_state_drafts(monkeypatch, ti
                                                                  tiny_qwen3_drafts, qwen_alone) -> None:
     """Same tokens as the target alone, and the same accepted drafts as the stateful IR, request by request."""
     draft = tiny_qwen3_drafts["b8_trained"]
-    assert isinstance(SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32").drafts, HostKVBatch)
+    host_pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    assert isinstance(host_pipe.drafts, HostKVBatch)
+    layers = sum(op.get_type_name() == "ScaledDotProductAttention"
+                 for op in ov.Core().read_model(draft / "openvino_model.xml").get_ordered_ops())
+    assert host_pipe.draft.split_attentions == layers > 0  # every attention reads the past in place
     host_ids, host_acc = _run(tiny_qwen3_target, draft)
     monkeypatch.setattr(DraftModel, "KV_ON_HOST", False)
     state_pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")

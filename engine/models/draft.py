@@ -17,7 +17,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
-from engine.models.draft_kv import KVInput, externalize_kv
+from engine.models.draft_kv import KVInput, externalize_kv, split_past_attention
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
@@ -291,6 +291,7 @@ class DraftModel:
         draft = self._core.read_model(self.info.folder / "openvino_model.xml")
         target = self._core.read_model(self._target_folder / "openvino_model.xml")
         self.kv = externalize_kv(draft) if kv_on_host else None
+        self.split_attentions = split_past_attention(draft, self.kv) if self.kv else 0
         vocab_size = int(target.output("logits").get_partial_shape()[2].get_length())
         wanted = read_draft_vocabulary(self.info.folder, vocab_size)  # draft_vocabulary.json, if the folder has one
         self.vocab_size = vocab_size
