@@ -89,7 +89,6 @@ class HostKVBatch:
         info = self.info
         self._rebatch(calls)
         by_seq = {c.seq: c for c in calls}
-        self._reserve(max((self.lengths[s] for s in self.rows), default=0))
         rows, cap = len(self.rows), self.capacity
         ctx = max([self.steady_rows] + [c.context.shape[0] for c in calls])
         block = max(c.n for c in calls) + info.candidate_offset

@@ -11,7 +11,8 @@ The rewrite handles the stateful pattern that optimum-intel's export (and ours) 
 cached tensor: ``ReadValue -> Gather(beam_idx, axis 0) -> Concat(past, new, axis 2) -> Assign``.
 Each ReadValue (with its Gather) becomes a Parameter ``past.<variable>`` and the Concat's new part
 becomes a Result ``new.<variable>``; the Assigns, variables and ``beam_idx`` go. A graph of any
-other shape is left untouched (the caller keeps the stateful path).
+other shape is left untouched (the caller keeps the stateful path). `split_past_attention` then
+lets each attention read the past arrays in place instead of copying them.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ class KVInput:
     variable: str
     heads: int
     head_size: int
-    seq_axis: int = 2
 
     @property
     def past_name(self) -> str:
