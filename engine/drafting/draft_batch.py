@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import openvino as ov
@@ -201,24 +202,32 @@ class DraftBatch:
         return self._rows(0, call.n, req)
 
 
-def padding_is_exact(model: DraftModel) -> bool:
-    """Probe: does a masked padding row leave a row's output unchanged? (False: the IR ignores the mask.)"""
+def mask_probe(model: DraftModel, run: Callable[[ov.InferRequest, np.ndarray, np.ndarray, bool], np.ndarray]) -> bool:
+    """Does masked padding leave a row's output unchanged? (False: the IR ignores its mask.)
+
+    `run(request, hidden, ids, padded)` makes one draft call and returns last_hidden_state: 3 real
+    context rows, and with `padded` 2 more rows of loud noise that its mask must hide."""
     info = model.info
     req = model.compiled.create_infer_request()
     rng = np.random.default_rng(0)
     ctx = rng.standard_normal((1, 3, info.context_width)).astype(np.float32)
-    block = 1 + info.candidate_offset + 1
-    ids = np.full((1, block), info.mask_token_id, np.int64)
-
-    def run(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        req.reset_state()
-        rows = hidden.shape[1]
-        req.infer({"input_ids": ids, "hidden_states": hidden,
-                   "position_ids": np.concatenate([np.arange(rows), np.arange(3, 3 + block)]).reshape(1, -1).astype(np.int64),
-                   "attention_mask": mask, "beam_idx": np.zeros(1, np.int32), "top_k": np.array(1, np.int64)})
-        return req.get_tensor("last_hidden_state").data.copy()
-
-    plain = run(ctx, np.ones((1, 3 + block), np.int64))
-    padded_ctx = np.concatenate([ctx, 100 * rng.standard_normal((1, 2, info.context_width)).astype(np.float32)], 1)
-    padded = run(padded_ctx, np.array([[1, 1, 1, 0, 0] + [1] * block], np.int64))
+    ids = np.full((1, 2 + info.candidate_offset), info.mask_token_id, np.int64)
+    noise = 100 * rng.standard_normal((1, 2, info.context_width)).astype(np.float32)
+    plain = run(req, ctx, ids, False).copy()
+    padded = run(req, np.concatenate([ctx, noise], 1), ids, True)
     return bool(np.allclose(plain, padded, atol=1e-4, rtol=1e-4))
+
+
+def padding_is_exact(model: DraftModel) -> bool:
+    """The stateful path's probe: padding context rows in the state, masked."""
+    def run(req: ov.InferRequest, hidden: np.ndarray, ids: np.ndarray, padded: bool) -> np.ndarray:
+        req.reset_state()
+        rows, block = hidden.shape[1], ids.shape[1]
+        mask = np.ones((1, rows + block), np.int64)
+        mask[0, 3:rows] = 0
+        req.infer({"input_ids": ids, "hidden_states": hidden, "attention_mask": mask,
+                   "position_ids": np.concatenate([np.arange(rows), np.arange(3, 3 + block)]).reshape(1, -1).astype(np.int64),
+                   "beam_idx": np.zeros(1, np.int32), "top_k": np.array(1, np.int64)})
+        return req.get_tensor("last_hidden_state").data
+
+    return mask_probe(model, run)
