@@ -134,7 +134,7 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
     record = write_draft_vocabulary(Path(args.draft), count_answer_tokens(rows[args.heldout:], int(vocab)), args.size,
                                     source=", ".join(map(str, (args.answers or []) + (args.text or []))),
                                     heldout=count_answer_tokens(held, int(vocab)) if held else None)
-    print(f"{len(record['ids'])} ids, coverage {record['coverage']:.4f}"
+    print(f"{record['size']} ids, coverage {record['coverage']:.4f}"
           + (f", held-out coverage {record['heldout_coverage']:.4f}" if "heldout_coverage" in record else ""))
     return 0
 

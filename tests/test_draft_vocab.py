@@ -138,10 +138,13 @@ def test_cli_writes_the_most_frequent_tokens_and_export_carries_them(tmp_path, t
     assert cli_main(["draft-vocab", "--draft", str(ckpt), "--answers", str(answers), "--size", "5",
                      "--vocab-size", str(vocab_size)]) == 0
     record = json.loads((ckpt / VOCAB_FILE).read_text())
+    ids = read_draft_vocabulary(ckpt, vocab_size)
     counts = np.bincount(np.concatenate(answer_ids), minlength=vocab_size)
-    assert len(record["ids"]) == 5 and min(counts[record["ids"]]) >= np.sort(counts)[-5]
-    assert record["coverage"] == pytest.approx(counts[record["ids"]].sum() / counts.sum())
+    assert len(ids) == 5 and min(counts[ids]) >= np.sort(counts)[-5]
+    assert record["coverage"] == pytest.approx(counts[ids].sum() / counts.sum())
+    with pytest.raises(ModelFolderError, match="another tokenizer"):
+        read_draft_vocabulary(ckpt, vocab_size + 1)  # the bitmap form knows its vocabulary size
     out = export_draft(ckpt, tmp_path / "ir")
-    assert json.loads((out / VOCAB_FILE).read_text())["ids"] == record["ids"]
+    np.testing.assert_array_equal(read_draft_vocabulary(out, vocab_size), ids)
     assert cli_main(["draft-vocab", "--draft", str(ckpt), "--answers", str(answers), "--size", "0",
                      "--vocab-size", str(vocab_size)]) == 2  # a size of 0 is refused with a message
