@@ -250,7 +250,8 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
     top_k = ops.parameter([], ov.Type.i64, name="top_k")
     top_k.output(0).get_tensor().set_names({"top_k"})
     draft.add_parameters([input_ids, top_k])
-    topk = ops.topk(logits, top_k, -1, "max", "value", ov.Type.i32)
+    k = top_k if sliced is None else ops.minimum(top_k, ops.constant(np.int64(len(vocabulary))))  # a K past a tiny vocabulary
+    topk = ops.topk(logits, k, -1, "max", "value", ov.Type.i32)
     topk_ids = topk.output(1)
     if sliced is not None:  # columns of the sub-vocabulary -> token ids
         topk_ids = ops.gather(ops.constant(vocabulary.astype(np.int32)), topk_ids, ops.constant(0, ov.Type.i64)).output(0)

@@ -129,3 +129,29 @@ def test_dflash2_on_gpu_compiles_with_its_activations_scale_factor(tiny_variant_
     assert float(gpu["ACTIVATIONS_SCALE_FACTOR"]) == 32.0
     assert float(draft_compile_properties(info, "GPU", {"ACTIVATIONS_SCALE_FACTOR": "64"})["ACTIVATIONS_SCALE_FACTOR"]) == 64
     assert "ACTIVATIONS_SCALE_FACTOR" not in draft_compile_properties(info, "CPU", {})
+
+
+@pytest.mark.parametrize("k", [8, 0])
+def test_markov_walks_inside_a_tiny_sub_vocabulary(tmp_path, tiny_qwen3_target, tiny_variant_drafts, k) -> None:
+    """A sub-vocabulary smaller than K (the Top-K is clamped to it) and the dense walk over -inf rows:
+    candidates stay inside it and greedy output is still the target's own."""
+    import json
+    import shutil
+
+    from engine.models.draft_vocab import VOCAB_FILE
+
+    draft = tmp_path / "tiny-vocab"
+    shutil.copytree(tiny_variant_drafts["dspark_trained"], draft)
+    allowed = [3, 40, 41, 42]  # fewer ids than K = 8
+    (draft / VOCAB_FILE).write_text(json.dumps({"ids": allowed}), encoding="utf-8")
+    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
+    spec = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    assert spec.draft.vocabulary is not None and len(spec.draft.vocabulary) == 4
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, markov_head_top_k=k)
+    rid = spec.add_request(PROMPTS[0], cfg, chat=False)
+    drafted = []
+    while spec.has_unfinished():
+        for ev in spec.step():
+            drafted += ev.drafted
+    assert drafted and set(drafted) <= set(allowed)
+    assert spec.result(rid).token_ids == alone.generate(PROMPTS[0], cfg, chat=False).token_ids
