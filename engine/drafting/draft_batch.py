@@ -48,6 +48,24 @@ class DraftRows:
         return full
 
 
+def draft_rows(model: DraftModel, request: ov.InferRequest, row: int, n: int) -> DraftRows:
+    """One request's rows of the last call on `request` (views, valid until the next call)."""
+    def out(name: str) -> np.ndarray:
+        return request.get_tensor(name).data[row, :n]
+
+    return DraftRows(out("draft_topk_ids"), out("draft_topk_logits"), out("last_hidden_state"), request, row, n,
+                     model.vocabulary, model.vocab_size)
+
+
+def row_positions(base: int, got: int, ctx: int, block: int) -> np.ndarray:
+    """Position ids of one batch row: its `got` new context rows from `base`, padding up to `ctx` rows
+    (at the next position, masked), then the block."""
+    positions = np.full(ctx + block, base + got, np.int64)
+    positions[:got] = np.arange(base, base + got)
+    positions[ctx:] = np.arange(base + got, base + got + block)
+    return positions
+
+
 @dataclass
 class DraftCall:
     """What one request brings to a draft call."""
@@ -139,9 +157,7 @@ class DraftBatch:
             else:
                 new_mask[r, ctx] = 1  # an idle row: one slot so its softmax has something to read
             new_mask[r, :got] = 1
-            positions[r, :got] = np.arange(base, base + got)
-            positions[r, got: ctx] = base + got
-            positions[r, ctx:] = np.arange(base + got, base + got + block)
+            positions[r] = row_positions(base, got, ctx, block)
             self.committed[seq] = base + got
         mask = np.concatenate([self.mask, new_mask], axis=1)
         self.request.infer({
@@ -153,10 +169,7 @@ class DraftBatch:
         return [self._rows(self.rows.index(c.seq), c.n) for c in calls]
 
     def _rows(self, row: int, n: int, request: ov.InferRequest | None = None) -> DraftRows:
-        req = request or self.request
-        return DraftRows(req.get_tensor("draft_topk_ids").data[row, :n], req.get_tensor("draft_topk_logits").data[row, :n],
-                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n,
-                         self.model.vocabulary, self.model.vocab_size)
+        return draft_rows(self.model, request or self.request, row, n)
 
     def _maybe_compact(self) -> None:
         real = self.mask.sum(axis=1)

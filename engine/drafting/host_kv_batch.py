@@ -19,7 +19,7 @@ import time
 import numpy as np
 import openvino as ov
 
-from engine.drafting.draft_batch import DraftCall, DraftRows, mask_probe
+from engine.drafting.draft_batch import DraftCall, DraftRows, draft_rows, mask_probe, row_positions
 from engine.models.draft import DraftModel
 
 
@@ -110,16 +110,14 @@ class HostKVBatch:
                 mask[r, cap + ctx: cap + ctx + c.n + info.candidate_offset] = 1
             else:
                 mask[r, cap + ctx] = 1  # an idle row: one slot so its softmax has something to read
-            positions[r, : got[r]] = np.arange(base, base + got[r])
-            positions[r, got[r]: ctx] = base + got[r]
-            positions[r, ctx:] = np.arange(base + got[r], base + got[r] + block)
+            positions[r] = row_positions(base, got[r], ctx, block)
         feeds = {"input_ids": ids, "hidden_states": hidden, "position_ids": positions, "attention_mask": mask,
                  "top_k": np.array(top_k, np.int64)}
         feeds.update({kv.past_name: b for kv, b in zip(self.model.kv, self.buffers)})
         self.request.infer(feeds, share_inputs=True, share_outputs=True)
         self._commit(got)
         self.last_model_ms = (time.perf_counter() - t0) * 1e3
-        return [self._rows(self.rows.index(c.seq), c.n) for c in calls]
+        return [draft_rows(self.model, self.request, self.rows.index(c.seq), c.n) for c in calls]
 
     def _commit(self, got: list[int]) -> None:
         """Append each row's new context keys/values to its slots."""
@@ -132,12 +130,6 @@ class HostKVBatch:
                     buf[r, :, base: base + got[r]] = new[r, :, : got[r]]
         for seq, g in zip(self.rows, got):
             self.lengths[seq] += g
-
-    def _rows(self, row: int, n: int) -> DraftRows:
-        req = self.request
-        return DraftRows(req.get_tensor("draft_topk_ids").data[row, :n], req.get_tensor("draft_topk_logits").data[row, :n],
-                         req.get_tensor("last_hidden_state").data[row, :n], req, row, n,
-                         self.model.vocabulary, self.model.vocab_size)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -17,7 +17,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
-from engine.models.draft_kv import KVInput, externalize_kv, split_past_attention
+from engine.models.draft_kv import KVInput, externalize_kv, skip_converts, split_past_attention
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
@@ -192,9 +192,7 @@ def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = N
 
 def _source_param(out: ov.Output) -> str | None:
     """Name of the Parameter an output comes from through Converts, if any."""
-    node = out.get_node()
-    while node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
+    node = skip_converts(out)
     return node.get_friendly_name() if node.get_type_name() == "Parameter" else None
 
 
@@ -235,13 +233,9 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
     hidden = draft.output("last_hidden_state").get_node().input_value(0)
     transpose_b = head.get_attributes()["transpose_b"]
     weight = head.input_value(1)
-    if vocabulary is not None and transpose_b:
-        vocab_size = int(target.output("logits").get_partial_shape()[2].get_length())
-        sliced = slice_rows(weight, vocabulary, vocab_size)
-        weight = sliced if sliced is not None else weight
-    else:
-        sliced = None
-    logits = _to_f32(ops.matmul(hidden, weight, False, transpose_b).output(0))
+    sliced = (slice_rows(weight, vocabulary, int(target.output("logits").get_partial_shape()[2].get_length()))
+              if vocabulary is not None and transpose_b else None)
+    logits = _to_f32(ops.matmul(hidden, weight if sliced is None else sliced, False, transpose_b).output(0))
     if info is not None and info.output_multiplier != 1.0:
         logits = ops.multiply(logits, ops.constant(np.float32(info.output_multiplier))).output(0)
     if info is not None and info.final_logit_softcapping > 0.0:

@@ -43,7 +43,8 @@ class KVInput:
         return NEW_PREFIX + self.variable
 
 
-def _skip_converts(out: ov.Output) -> ov.Node:
+def skip_converts(out: ov.Output) -> ov.Node:
+    """The node an output comes from, through any Converts."""
     node = out.get_node()
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
@@ -65,15 +66,15 @@ def _plan(model: ov.Model) -> list[tuple[ov.Node, ov.Node | None, ov.Node, ov.No
         gather = None
         if len(consumers) == 1 and consumers[0].get_type_name() == "Gather":
             gather = consumers[0]
-            if _skip_converts(gather.input_value(1)).get_type_name() != "Parameter":
+            if skip_converts(gather.input_value(1)).get_type_name() != "Parameter":
                 return None
             past = gather
         else:
             past = op
-        concat = _skip_converts(assign.input_value(0))
+        concat = skip_converts(assign.input_value(0))
         if concat.get_type_name() != "Concat" or concat.get_input_size() != 2:
             return None
-        if concat.input_value(0).get_node() is not past and _skip_converts(concat.input_value(0)) is not past:
+        if skip_converts(concat.input_value(0)) is not past:
             return None
         shape = op.get_output_partial_shape(0)
         axis = concat.get_attributes()["axis"] % shape.rank.get_length()
@@ -88,7 +89,7 @@ def externalize_kv(model: ov.Model) -> list[KVInput] | None:
     plan = _plan(model)
     if plan is None:
         return None
-    beam = {_skip_converts(g.input_value(1)) for _, g, _, _ in plan if g is not None}
+    beam = {skip_converts(g.input_value(1)) for _, g, _, _ in plan if g is not None}
     kv: list[KVInput] = []
     for read, gather, concat, assign in plan:
         var = read.get_variable_id()
@@ -106,9 +107,9 @@ def externalize_kv(model: ov.Model) -> list[KVInput] | None:
         model.remove_sink(assign)
         model.remove_variable(model.get_variable_by_id(var))
         kv.append(item)
-    used = {id(i.get_node()) for op in model.get_ordered_ops() for i in op.input_values()}
+    used = {i.get_node().get_friendly_name() for op in model.get_ordered_ops() for i in op.input_values()}
     for node in beam:
-        if id(node) not in used:
+        if node.get_friendly_name() not in used:
             model.remove_parameter(node)
     model.validate_nodes_and_infer_types()
     return kv

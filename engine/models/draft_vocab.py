@@ -30,6 +30,7 @@ from engine.errors import ModelFolderError
 
 VOCAB_FILE = "draft_vocabulary.json"
 DEFAULT_SIZE = 16384
+_FIX = "Delete it, or write it again with `dflash-studio draft-vocab`."
 _REBUILD = {  # the ops of a (de)compressed weight subgraph, rebuilt over sliced constants
     "Subtract": lambda node, a, b: ops.subtract(a, b),
     "Multiply": lambda node, a, b: ops.multiply(a, b),
@@ -48,19 +49,16 @@ def read_draft_vocabulary(folder: Path, vocab_size: int) -> np.ndarray | None:
         if "bitmap" in record:
             if int(record["vocab_size"]) != vocab_size:
                 raise ModelFolderError(f"{path} was written for a vocabulary of {record['vocab_size']} tokens, the "
-                                       f"target has {vocab_size}: it belongs to another tokenizer. Delete it, or "
-                                       "write it again with `dflash-studio draft-vocab`.")
+                                       f"target has {vocab_size}: it belongs to another tokenizer. {_FIX}")
             bits = np.unpackbits(np.frombuffer(base64.b64decode(record["bitmap"]), np.uint8))[:vocab_size]
             ids = np.flatnonzero(bits).astype(np.int64)
         else:
             ids = np.asarray(record["ids"], dtype=np.int64)
     except (ValueError, KeyError, TypeError) as exc:
-        raise ModelFolderError(f"{path} is not a draft vocabulary ({exc}): delete it, or write it again with "
-                               "`dflash-studio draft-vocab`.") from exc
+        raise ModelFolderError(f"{path} is not a draft vocabulary ({exc}). {_FIX}") from exc
     if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size:
         raise ModelFolderError(f"{path} must list distinct token ids below the target's vocabulary size {vocab_size}: "
-                               "it was written for another tokenizer. Delete it, or write it again with "
-                               "`dflash-studio draft-vocab`.")
+                               f"it was written for another tokenizer. {_FIX}")
     return np.sort(ids)
 
 
