@@ -105,9 +105,27 @@ class StaticLlama:
 
 
 @torch.no_grad()
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row: argmax when temperature <= 0, else nucleus sampling (softmax(logits / T),
+    the smallest set of most likely tokens whose probability reaches top_p; the top token always stays)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    if top_p < 1.0:
+        sp, si = probs.sort(-1, descending=True)
+        drop = (sp.cumsum(-1) - sp) >= top_p  # mass before this token already reaches top_p
+        sp = sp.masked_fill(drop, 0.0)
+        pick = torch.multinomial(sp, 1, generator=generator)
+        return si.gather(-1, pick).squeeze(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new_tokens: int, eos_id: int,
-                          pad_id: int, compact_frac: float = 0.25) -> list[list[int]]:
-    """Greedy answers (EOS kept, nothing after it) for one left-padded batch."""
+                          pad_id: int, compact_frac: float = 0.25, temperature: float = 0.0, top_p: float = 1.0,
+                          generator: torch.Generator | None = None) -> list[list[int]]:
+    """Answers (EOS kept, nothing after it) for one left-padded batch: greedy by default, sampled
+    (temperature, top_p; `generator` on the model's device) when temperature > 0."""
     dev = sm.embed.device
     b = len(prompts)
     width = max(len(p) for p in prompts)
@@ -128,7 +146,7 @@ def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     next_pos = pos[:, -1] + 1
     for t in range(new_tokens):
-        tok = logits.argmax(-1)
+        tok = sample_tokens(logits, temperature, top_p, generator)
         out[rows, t] = tok
         done = done | (tok == eos_id)
         if t == new_tokens - 1:
@@ -155,9 +173,15 @@ def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new
 @torch.no_grad()
 def generate_answers_static(target: Any, prompts: Sequence[Sequence[int]], new_tokens: int, batch_size: int,
                             eos_id: int, pad_id: int, deadline: float | None = None, log: Log = print, seed: int = 0,
-                            dtype: torch.dtype = torch.bfloat16) -> list[list[int] | None]:
-    """Drop-in for gpu_job.generate_answers (same batching, order and deadline rule) on StaticLlama."""
+                            dtype: torch.dtype = torch.bfloat16, temperature: float = 0.0,
+                            top_p: float = 1.0) -> list[list[int] | None]:
+    """Drop-in for gpu_job.generate_answers (same batching, order and deadline rule) on StaticLlama.
+    temperature > 0 samples (nucleus top_p, seeded by `seed`) instead of the greedy default."""
     sm = StaticLlama(target, dtype)
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator(device=sm.embed.device)
+        gen.manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     random.Random(seed).shuffle(batches)
@@ -168,13 +192,15 @@ def generate_answers_static(target: Any, prompts: Sequence[Sequence[int]], new_t
         if deadline is not None and time.time() > deadline:
             log(f"generation: time budget reached after {bi}/{len(batches)} batches ({done} answers)")
             break
-        got = static_generate_batch(sm, [prompts[i] for i in chunk], new_tokens, eos_id, pad_id)
+        got = static_generate_batch(sm, [prompts[i] for i in chunk], new_tokens, eos_id, pad_id,
+                                    temperature=temperature, top_p=top_p, generator=gen)
         for i, a in zip(chunk, got):
             out[i] = a
             new += len(a)
         done += len(chunk)
         el = time.time() - t0
-        log(f"generation (static {str(dtype).replace('torch.', '')}): batch {bi + 1}/{len(batches)} "
+        mode = f"sampled T={temperature} top_p={top_p}" if temperature > 0 else "greedy"
+        log(f"generation (static {str(dtype).replace('torch.', '')}, {mode}): batch {bi + 1}/{len(batches)} "
             f"({len(chunk)} x prompt<={max(len(prompts[i]) for i in chunk)}) done, {done} answers, {new} tokens, "
             f"{el:.1f}s ({new / max(el, 1e-9):.0f} tokens/s)")
     return out

@@ -585,6 +585,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--eval-rows", type=int, default=256)
     ap.add_argument("--eval-cands", default="3,5,7,8")
+    ap.add_argument("--extra-heldout", type=int, default=0, help="also hold out the first N training rows of each "
+                    "--extra-heldout-kinds kind (answered even past --gen-until) and report their τ separately "
+                    "(metrics heldout_extra); the main held-out set and its numbers are unchanged")
+    ap.add_argument("--extra-heldout-kinds", default="")
     ap.add_argument("--eval-top-k", default="8", help="K of the Top-K / selector walk; a comma list also "
                     "evaluates the further K's (metrics heldout_topk)")
     ap.add_argument("--ship-dtype", default="float16", choices=("float16", "bfloat16", "float32"))
@@ -678,11 +682,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = _rows(args, cache)
     n_held = min(args.heldout, max(1, len(rows) // 10))
     held, train_rows = rows[:n_held], rows[n_held:]
+    extra_rows: list[_Row] = []
+    for kind in [k for k in args.extra_heldout_kinds.split(",") if k] if args.extra_heldout else []:
+        extra_rows += [r for r in train_rows if r.kind == kind][: args.extra_heldout]
+    if extra_rows:
+        ex_ids = {r.id for r in extra_rows}
+        train_rows = [r for r in train_rows if r.id not in ex_ids]
     answers: dict[str, list[int]] = {}
     if cache.is_file():
         answers = {k: v["answer"] for k, v in load_data_tokens(cache).items()}
         log(f"answers: {len(answers)} read from {cache}")
-    todo_held = [r for r in held if r.id not in answers]
+    todo_held = [r for r in held + extra_rows if r.id not in answers]
     todo_train = [r for r in train_rows if r.id not in answers]
     if todo_held or todo_train:
         t0 = time.time()
@@ -701,20 +711,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     torch.cuda.empty_cache()
                 answers.update({r.id: a for r, a in zip(group, got) if a is not None})
         metrics["generation"] = {"seconds": round(time.time() - t0, 1)}
-        save_data_tokens(cache, [r.ids for r in held + train_rows], [answers.get(r.id) for r in held + train_rows],
-                         [r.id for r in held + train_rows], [r.kind for r in held + train_rows])
+        every = held + extra_rows + train_rows
+        save_data_tokens(cache, [r.ids for r in every], [answers.get(r.id) for r in every],
+                         [r.id for r in every], [r.kind for r in every])
     held = [r for r in held if r.id in answers]
+    extra_rows = [r for r in extra_rows if r.id in answers]
     train_rows = [r for r in train_rows if r.id in answers]
     per_token = len(taps) * target.config.hidden_size * (2 if dev.type == "cuda" and not args.no_bf16 else 4)
-    train_rows = rows_within_feature_budget(held, train_rows, answers, args.max_feature_gib, per_token, log)
-    all_rows = held + train_rows
-    log(f"answers: {len(all_rows)} used ({len(held)} held out, {sum(r.kind == 'code' for r in all_rows)} code)")
+    train_rows = rows_within_feature_budget(held + extra_rows, train_rows, answers, args.max_feature_gib, per_token, log)
+    all_rows = held + extra_rows + train_rows
+    kinds_used: dict[str, int] = {}
+    for r in train_rows:
+        kinds_used[r.kind] = kinds_used.get(r.kind, 0) + 1
+    log(f"answers: {len(all_rows)} used ({len(held)} held out, {len(extra_rows)} extra held out, training rows by kind "
+        f"{kinds_used})")
 
     # ---- features
     feat_dtype = torch.bfloat16 if (dev.type == "cuda" and not args.no_bf16) else torch.float32
     data, fstats = build_flat_data(target, [r.ids for r in all_rows], [answers[r.id] for r in all_rows],
                                    [r.kind for r in all_rows], taps, args.feature_tokens, feat_dtype, log)
     metrics["data"] = {**fstats, "prompts_train": len(train_rows), "prompts_heldout": len(held),
+                       "prompts_extra_heldout": len(extra_rows), "train_kinds": kinds_used,
                        "answer_tokens_mean": round(float(data.gen_lens.float().mean()), 1)}
     embed, lm_head = target_weights(target)
     embed, lm_head = embed.to(dev), lm_head.to(dev)
@@ -723,6 +740,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     (work / "draft_config.json").write_text(json.dumps(dcfg, indent=1), encoding="utf-8")
+
+    # ---- the starting draft on the extra held-out rows (the new data's kinds), for comparison
+    cands0 = [int(x) for x in args.eval_cands.split(",") if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
+    if extra_rows and args.init_from:
+        t0 = time.time()
+        draft.to(dev)
+        try:
+            ex0 = heldout_acceptance_dspark(draft, data, list(range(len(held), len(held) + len(extra_rows))), embed,
+                                            lm_head, cands0, ("topk",), int(str(args.eval_top_k).split(",")[0]),
+                                            dev.type == "cuda" and not args.no_bf16, 16)
+            metrics["heldout_extra_init"] = ex0
+            for n, per in ex0.items():
+                log(f"extra held-out, starting draft, {n} candidates: tokens/step {per['topk']['tokens_per_step']}")
+        except Exception as e:  # a comparison only
+            log(f"extra held-out of the starting draft failed: {e!r}")
+        log(f"extra held-out of the starting draft: {time.time() - t0:.1f}s")
+        draft.train()
 
     # ---- training
     budget = None
@@ -737,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                            short_block_frac=args.short_block_frac, weight_decay=args.weight_decay, seed=args.seed,
                            bf16=bf16, time_budget_s=budget, save_every=args.save_every, log_every=args.log_every)
     lw = LossWeights(gamma=args.gamma, tv=args.tv_weight, unary=args.unary_weight, confidence=args.conf_weight)
-    train_idx = torch.arange(len(held), len(all_rows))
+    train_idx = torch.arange(len(held) + len(extra_rows), len(all_rows))
     try:
         tres = train_dspark(draft, data, train_idx, embed, lm_head, tc, lw, work / "ckpt.pt", args.resume, log)
     except Exception as e:  # ship what there is rather than nothing (the device call is not repeatable)
@@ -786,6 +820,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 metrics.setdefault("heldout_topk", {})[str(k)] = more
                 for n, per in more.items():
                     log(f"held-out, {n} candidates, walk topk K={k}: tokens/step {per['topk']['tokens_per_step']}")
+            if extra_rows:
+                ex = heldout_acceptance_dspark(draft, data, list(range(len(held), len(held) + len(extra_rows))), embed,
+                                               lm_head, cands, WALKS, top_ks[0], bf16, rows_per_pass)
+                metrics["heldout_extra"] = ex
+                for n, per in ex.items():
+                    for m, r in per.items():
+                        log(f"extra held-out ({len(extra_rows)} rows), {n} candidates, walk {m}: tokens/step "
+                            f"{r['tokens_per_step']}")
             break
         except torch.OutOfMemoryError:
             if rows_per_pass == 1:
