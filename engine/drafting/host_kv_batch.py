@@ -20,6 +20,7 @@ import numpy as np
 import openvino as ov
 
 from engine.drafting.draft_batch import DraftCall, DraftRows, draft_rows, mask_probe, row_positions
+from engine.models.bound_inputs import BoundInputs
 from engine.models.draft import DraftModel
 
 
@@ -38,13 +39,21 @@ class HostKVBatch:
         self.rows: list[int] = []  # sequence per batch row
         self.lengths: dict[int, int] = {}  # context rows cached per sequence
         self.dropped: set[int] = set()
-        self.buffers = [self._empty(0, 0, kv.heads, kv.head_size) for kv in model.kv]
+        self.inputs = BoundInputs(self.request)
+        self.buffers: list[np.ndarray] = []
+        self._bind([self._empty(0, 0, kv.heads, kv.head_size) for kv in model.kv])
         self.steady_rows = self.info.block_size  # new context rows per step never exceed a block
         self.last_model_ms = 0.0
 
     @staticmethod
     def _empty(rows: int, capacity: int, heads: int, head_size: int) -> np.ndarray:
         return np.zeros((rows, heads, capacity, head_size), np.float32)
+
+    def _bind(self, buffers: list[np.ndarray]) -> None:
+        """Make `buffers` the draft's past inputs: the arrays kept are the request's own tensors, so a
+        call reads the cache in place and `_commit` writes new rows straight into them."""
+        self.inputs.feed({kv.past_name: b for kv, b in zip(self.model.kv, buffers)})
+        self.buffers = [self.inputs.array(kv.past_name, b.shape) for kv, b in zip(self.model.kv, buffers)]
 
     @property
     def capacity(self) -> int:
@@ -67,8 +76,8 @@ class HostKVBatch:
         capacity = self.capacity
         if capacity > self.MIN_CAPACITY and 4 * longest < capacity:  # long requests left: shrink
             capacity = max(self.MIN_CAPACITY, _pow2_at_least(2 * longest))
-        self.buffers = [np.concatenate([b[index, :, :capacity], self._empty(len(new), capacity, b.shape[1], b.shape[3])])
-                        for b in self.buffers]
+        self._bind([np.concatenate([b[index, :, :capacity], self._empty(len(new), capacity, b.shape[1], b.shape[3])])
+                    for b in self.buffers])
         self.lengths.update({s: 0 for s in new})
         self.rows, self.dropped = keep + new, set()
 
@@ -82,7 +91,7 @@ class HostKVBatch:
             g = self._empty(b.shape[0], capacity, b.shape[1], b.shape[3])
             g[:, :, : b.shape[2]] = b
             grown.append(g)
-        self.buffers = grown
+        self._bind(grown)
 
     def run(self, calls: list[DraftCall], top_k: int) -> list[DraftRows]:
         """One inference drafting every call's block; returns their rows in call order."""
@@ -111,10 +120,9 @@ class HostKVBatch:
             else:
                 mask[r, cap + ctx] = 1  # an idle row: one slot so its softmax has something to read
             positions[r] = row_positions(base, got[r], ctx, block)
-        feeds = {"input_ids": ids, "hidden_states": hidden, "position_ids": positions, "attention_mask": mask,
-                 "top_k": np.array(top_k, np.int64)}
-        feeds.update({kv.past_name: b for kv, b in zip(self.model.kv, self.buffers)})
-        self.request.infer(feeds, share_inputs=True, share_outputs=True)
+        self.inputs.feed({"input_ids": ids, "hidden_states": hidden, "position_ids": positions,
+                          "attention_mask": mask, "top_k": np.array(top_k, np.int64)})
+        self.inputs.run()
         self._commit(got)
         self.last_model_ms = (time.perf_counter() - t0) * 1e3
         return [draft_rows(self.model, self.request, self.rows.index(c.seq), c.n) for c in calls]

@@ -18,6 +18,7 @@ import numpy as np
 import openvino as ov
 
 from engine.errors import ModelFolderError
+from engine.models.bound_inputs import BoundInputs
 from engine.models.kv_blocks import BlockTable
 from engine.models.target import _lm_head, check_target_dir, edit_target_graph, num_decoder_layers
 
@@ -91,22 +92,7 @@ class PagedTarget:
                 pass  # element types numpy cannot view (bf16); the plugin never reads unwritten slots
             self.request.set_tensor(name, tensor)
         self.inferences = 0
-        self.in_place_inputs = True
-        self._input_types = {p.get_any_name(): p.get_element_type() for p in self.compiled.inputs}
-        self._bound: dict[str, tuple[ov.Tensor, np.ndarray]] = {}
-
-    def _feed(self, values: dict[str, np.ndarray]) -> None:
-        """Write the step's inputs into tensors bound to the request, re-binding only on a new shape.
-
-        openvino_genai's model runner fills the request's own input tensors in place; handing the
-        request fresh arrays on every call (share_inputs) measured slower per decode step."""
-        for name, value in values.items():
-            bound = self._bound.get(name)
-            if bound is None or bound[1].shape != value.shape:
-                tensor = ov.Tensor(self._input_types[name], list(value.shape))
-                self.request.set_tensor(name, tensor)
-                bound = self._bound[name] = (tensor, tensor.data)
-            bound[1][...] = value
+        self.inputs = BoundInputs(self.request)
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
         """One inference for every chunk; the caller has grown each chunk's blocks to past + len(ids)."""
@@ -130,12 +116,8 @@ class PagedTarget:
             "max_context_len": np.array(max(c.past + n for c, n in zip(chunks, lens)), np.int32),
             "logits_indices": rows if rows.size else np.zeros(1, np.int64),
         }
-        if self.in_place_inputs:
-            self._feed(feeds)
-            self.request.start_async()
-            self.request.wait()
-        else:
-            self.request.infer(feeds, share_inputs=True, share_outputs=True)
+        self.inputs.feed(feeds)
+        self.inputs.run()
         self.inferences += 1
         next_ids = self.request.get_tensor("next_token_ids").data.reshape(-1)
         logits = self.request.get_tensor("logits").data.reshape(-1, self.vocab_size) if want_logits else None
