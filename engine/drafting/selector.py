@@ -108,9 +108,9 @@ def _topk_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows], 
         pred.append(p)
     t0 = time.perf_counter()
     scorer = batch.model.scorer
-    scorer.infer({"predecessor_ids": np.concatenate(pred), "candidate_ids": np.concatenate(ids),
-                  "draft_hidden_states": np.ascontiguousarray(np.concatenate([r.hidden for r in rows]))},
-                 share_inputs=True, share_outputs=True)
+    batch.model.scorer_inputs.feed({"predecessor_ids": np.concatenate(pred), "candidate_ids": np.concatenate(ids),
+                                    "draft_hidden_states": np.concatenate([r.hidden for r in rows])})
+    batch.model.scorer_inputs.run()
     bias = scorer.get_tensor("edge_bias").data  # [sum n, K, K]
     conf = scorer.get_tensor("confidence").data if batch.info.confidence_source == "markov_head" else None
     head_ms = (time.perf_counter() - t0) * 1e3
@@ -147,9 +147,9 @@ def _dense_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows])
     for p in range(max(r.n for r in rows)):
         live = [i for i, r in enumerate(rows) if p < r.n]
         t0 = time.perf_counter()
-        head.infer({"predecessor_ids": np.array([prev[i] for i in live], np.int64),
-                    "draft_hidden_states": np.ascontiguousarray(np.stack([rows[i].hidden[p] for i in live]))},
-                   share_inputs=True, share_outputs=True)
+        batch.model.dense_inputs.feed({"predecessor_ids": np.array([prev[i] for i in live], np.int64),
+                                       "draft_hidden_states": np.stack([rows[i].hidden[p] for i in live])})
+        batch.model.dense_inputs.run()
         bias = head.get_tensor("bias").data
         conf = head.get_tensor("confidence").data if with_conf else None
         head_ms += (time.perf_counter() - t0) * 1e3

@@ -17,6 +17,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
+from engine.models.bound_inputs import BoundInputs
 from engine.models.draft_kv import KVInput, externalize_kv, skip_converts, split_past_attention
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
@@ -281,6 +282,8 @@ class DraftModel:
                        if info.has_head else None)
         self.dense_head = (core.compile_model(info.folder / DENSE_HEAD_FILE, device, props).create_infer_request()
                            if info.has_head and (info.folder / DENSE_HEAD_FILE).is_file() else None)
+        self.scorer_inputs = BoundInputs(self.scorer) if self.scorer is not None else None
+        self.dense_inputs = BoundInputs(self.dense_head) if self.dense_head is not None else None
 
     def _compile(self, kv_on_host: bool) -> None:
         draft = self._core.read_model(self.info.folder / "openvino_model.xml")
