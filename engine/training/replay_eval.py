@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--cands", default="3,5,7")
-    ap.add_argument("--v1", default=str(DRAFTS / "smollm2-dflash-b8"))
+    ap.add_argument("--v1", default=str(DRAFTS / "smollm2-dflash-b8"), help="a DFlash v1 draft folder, or 'none'")
     ap.add_argument("--dspark", default=str(DRAFTS / "smollm2-dspark-b8"))
     args = ap.parse_args(argv)
     from engine.bench.datasets import load_prompts
@@ -49,9 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ids = [chat_ids(tok, p.text) for p in prompts]
     target, info = load_target("smollm2", torch.float32, torch.device("cpu"))
     answers = generate_answers(target, ids, args.new_tokens, len(ids), info.eos_id, info.pad_id, log=lambda s: None)
-    v1, v1cfg = load_checkpoint(Path(args.v1))
+    v1, v1cfg = load_checkpoint(Path(args.v1)) if args.v1 != "none" else (None, None)
     ds, dscfg = load_dspark_checkpoint(Path(args.dspark))
-    taps = list(v1cfg["dflash_config"]["target_layer_ids"]) if "dflash_config" in v1cfg else v1cfg["target_layer_ids"]
+    tcfg = v1cfg if v1cfg is not None else dscfg
+    taps = list(tcfg["dflash_config"]["target_layer_ids"]) if "dflash_config" in tcfg else tcfg["target_layer_ids"]
     data, stats = build_flat_data(target, ids, answers, [args.dataset] * len(ids), taps, 8192, torch.float32,
                                   log=lambda s: None)
     embed, lm_head = target_weights(target)
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cands = [int(x) for x in args.cands.split(",")]
     out = {"dataset": args.dataset, "prompts": len(ids), "answer_tokens_mean": float(data.gen_lens.float().mean()),
            "v1": {n: r["tokens_per_step"]["all"] for n, r in heldout_acceptance(v1, data, rows, embed, lm_head, cands,
-                                                                                  bf16=False).items()},
+                                                                                  bf16=False).items()} if v1 else None,
            "dspark_topk8": {n: per["topk"]["tokens_per_step"]["all"] for n, per in heldout_acceptance_dspark(
                ds, data, rows, embed, lm_head, cands, ("topk",), 8, False, 4).items()},
            "seconds": round(time.time() - t0, 1)}
