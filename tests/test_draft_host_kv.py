@@ -107,6 +107,8 @@ def test_capacity_doubles_and_shrinks_without_changing_a_token(monkeypatch, tiny
         capacities.add(pipe.drafts.capacity)
     assert pipe.result(rid).token_ids == qwen_alone.generate(PROMPTS[0], long_cfg, chat=False).token_ids
     grown = pipe.drafts.capacity
+    for kv, buf in zip(pipe.drafts.model.kv, pipe.drafts.buffers):  # the cache is the request's own past input
+        assert np.shares_memory(buf, pipe.drafts.request.get_tensor(kv.past_name).data)
     assert len(capacities) >= 3 and grown >= 64 and grown & (grown - 1) == 0  # doubled a few times
     short = pipe.add_request(PROMPTS[1], CFG.copy(max_new_tokens=4), chat=False)
     while pipe.has_unfinished():
