@@ -87,11 +87,11 @@ class HostKVBatch:
             return
         capacity = max(self.MIN_CAPACITY, _pow2_at_least(slots))
         grown = []
-        for b in self.buffers:
-            g = self._empty(b.shape[0], capacity, b.shape[1], b.shape[3])
+        for kv, b in zip(self.model.kv, self.buffers):  # a larger shape: new zeroed tensors bound in place of the old
+            g = self.inputs.array(kv.past_name, (b.shape[0], b.shape[1], capacity, b.shape[3]))
             g[:, :, : b.shape[2]] = b
             grown.append(g)
-        self._bind(grown)
+        self.buffers = grown
 
     def run(self, calls: list[DraftCall], top_k: int) -> list[DraftRows]:
         """One inference drafting every call's block; returns their rows in call order."""
