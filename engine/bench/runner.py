@@ -106,7 +106,7 @@ class BenchSpec:
     max_new_tokens: int = 64
     device: str = "CPU"
     precision: str = "default"
-    num_assistant_tokens: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's block - 1
+    num_assistant_tokens: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's default (a full block)
     markov_head_top_k: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's default K
     decodings: list[Decoding] = field(default_factory=lambda: [Decoding()])
     genai_target: bool = True  # the target alone through openvino_genai.LLMPipeline
@@ -716,7 +716,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=4, help="number of prompts (0: the whole set)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-assistant-tokens", type=int, nargs="+", default=[None], metavar="N",
-                   help="candidates per step, one row each (default: the draft's block - 1)")
+                   help="candidates per step, one row each (default: the draft's own: its config's "
+                        "num_assistant_tokens, else a full block: 7 for an 8-row DFlash v1 block, 8 for DSpark)")
     p.add_argument("--markov-head-top-k", type=int, nargs="+", default=[None], metavar="K",
                    help="drafts with a Markov head: K of the Top-K scorer, one row each (0 = dense walk, DSpark)")
     p.add_argument("--temperature", type=float, nargs="+", default=[], metavar="T",
