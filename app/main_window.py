@@ -574,7 +574,7 @@ class MainWindow(QMainWindow):
         if last_d != "-" and (not last_d or Path(last_d).is_dir()):
             mp.set_draft(last_d or None)
         else:
-            mp.set_draft(mp.first_fitting_draft())
+            mp.set_draft(mp.preferred_draft())
         if mp.draft_fit_reasons():
             mp.set_draft(None)
         last_dev = S.get_str(self.settings, S.K_LAST_DEVICE)

@@ -24,18 +24,6 @@ def _progress_printer(quiet: bool = False):
     return show
 
 
-def default_draft_dir() -> Path | None:
-    """The best prepared draft for the embedded default target, or None."""
-    from engine.paths import default_drafts_dir
-
-    best = default_drafts_dir() / "best.txt"
-    if best.is_file():
-        folder = default_drafts_dir() / best.read_text().strip()
-        if (folder / "openvino_model.xml").is_file():
-            return folder
-    return None
-
-
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
     if args.target:
         target = Path(args.target)
@@ -48,7 +36,9 @@ def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
             raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
                               "`dflash-studio prepare` first, or pass --target DIR.")
     if args.draft is None:
-        draft = default_draft_dir() if not args.target else None
+        from engine.paths import best_draft_dir
+
+        draft = best_draft_dir() if not args.target else None
     elif args.draft.lower() == "none":
         draft = None
     else:

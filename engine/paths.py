@@ -35,6 +35,17 @@ def default_drafts_dir() -> Path:
     return d
 
 
+def best_draft_dir() -> Path | None:
+    """The draft `prepare` marked best for the embedded default target (drafts/best.txt), if exported."""
+    d = default_drafts_dir()
+    best = d / "best.txt"
+    if best.is_file():
+        folder = d / best.read_text(encoding="utf-8").strip()
+        if (folder / "openvino_model.xml").is_file():
+            return folder
+    return None
+
+
 def history_dir() -> Path:
     d = user_data_dir() / "history"
     d.mkdir(parents=True, exist_ok=True)

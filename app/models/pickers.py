@@ -226,6 +226,16 @@ class ModelPanel(QGroupBox):
                 return p
         return None
 
+    def preferred_draft(self) -> str | None:
+        """The draft to start with when none was used before: the one `prepare` marked best for the
+        embedded default (drafts/best.txt) when it is listed and fits the target, else the first that fits."""
+        best = paths.best_draft_dir()
+        if best is not None:
+            i = self._index_of(self.draft_combo, str(best))
+            if i > 0 and not self._reasons(self.target_dir(), str(best)):
+                return str(best)
+        return self.first_fitting_draft()
+
     def draft_choices(self) -> list[tuple[str, list[str]]]:
         """Every draft the picker lists, with the reasons it does not fit the current target ([] = fits)."""
         t = self.target_dir()

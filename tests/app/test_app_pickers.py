@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import pytest
 
 from app import settings as S
 from app.models.pickers import ModelPanel
@@ -70,6 +73,37 @@ def test_recent_folders_are_remembered(qtbot, settings, fake_devices, model_dirs
     mp2.set_target(str(target))
     drafts = [mp2.draft_combo.itemData(i) for i in range(mp2.draft_combo.count())]
     assert str(draft) in drafts
+
+
+def _prepared_default(home: Path, drafts: list[str], best: str | None) -> dict[str, Path]:
+    """The layout `prepare` leaves: the default target, exported drafts, and best.txt naming one."""
+    target = home / "models" / "SmolLM2-135M-Instruct-ov"
+    target.mkdir(parents=True)
+    (target / "openvino_model.xml").write_text("<net/>")
+    out = {}
+    for name in drafts:
+        d = home / "models" / "drafts" / name
+        d.mkdir(parents=True)
+        (d / "openvino_model.xml").write_text("<net/>")
+        out[name] = d
+    if best:
+        (home / "models" / "drafts" / "best.txt").write_text(best + "\n")
+    return out
+
+
+@pytest.mark.parametrize("best, unfit, expected", [
+    ("z-best", "", "z-best"),  # the best draft, though another sorts first
+    (None, "", "a-first"),  # no best.txt: the first draft that fits
+    ("z-best", "z-best", "a-first"),  # the best one does not fit this target: the first that does
+    ("gone", "", "a-first"),  # best.txt names a draft that was never exported
+])
+def test_first_start_loads_the_draft_prepare_marked_best(make_window, app_home, qtbot, best, unfit, expected):
+    drafts = _prepared_default(app_home, ["a-first", "z-best"], best)
+    w = make_window(load=False, validator=lambda t, d: ["does not fit"] if unfit and d.endswith(unfit) else [])
+    with qtbot.waitSignal(w.controller.loaded, timeout=5000):
+        w.autoload()
+    assert w.model_panel.target_dir().endswith("SmolLM2-135M-Instruct-ov")
+    assert w.model_panel.draft_dir() == str(drafts[expected])
 
 
 def test_missing_default_target_offers_to_prepare(make_window, qtbot):
