@@ -87,6 +87,8 @@ from engine.export.dflash2 import (  # noqa: E402
 from engine.export.dflash_v1 import load_checkpoint as load_v1_checkpoint  # noqa: E402
 from engine.export.dspark import DSparkDraft, load_dspark_checkpoint, random_dspark_config, save_dspark_checkpoint
 from engine.export.markov_head import HEAD_GATED, HEAD_VANILLA
+from engine.training import distributed as ddp
+from engine.training.distributed import World
 from engine.training.dflash_train import offset0_blocks, packed_inputs, target_weights
 from engine.training.gpu_job import (
     FileLog,
@@ -272,9 +274,14 @@ class DSparkTrainConfig:
 
 def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor,
                  lm_head: torch.Tensor, cfg: DSparkTrainConfig, weights: LossWeights, ckpt_path: Path | None = None,
-                 resume: bool = False, log: Log = print) -> dict[str, Any]:
+                 resume: bool = False, log: Log = print, world: World = World()) -> dict[str, Any]:
     """Train in place (AdamW, warmup + cosine over min(steps, time budget), bf16 autocast on GPU).
-    A CUDA out-of-memory step halves the anchors per sequence and goes on. Returns a summary."""
+    A CUDA out-of-memory step halves the anchors per sequence and goes on. Returns a summary.
+
+    With several ranks (`world`), `train_rows` are this rank's shard; each rank samples its own
+    batches, the gradients are averaged before clipping, and the time budget and out-of-memory
+    decisions are agreed on (ddp.agree_max) so that all ranks take the same steps; rank 0 alone saves
+    checkpoints. A world of one issues no collective."""
     dev = embed.device
     c = draft.cfg
     blk = c.block_size
@@ -292,13 +299,16 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         opt.load_state_dict(ck["opt"])
         state = {k: ck[k] for k in state}
         log(f"resumed from {ckpt_path} at step {state['step']}")
+    ddp.broadcast_module(world, draft)  # identical starting weights on every rank
     v2 = isinstance(draft, DFlash2Draft)
     span = blk if v2 else blk + 1  # an offset-0 block's labels reach B tokens past the anchor, offset 1's B-1
     min_len = 2 if v2 else 1  # shortest block: one candidate (offset 1: the anchor row + one)
     rows = train_rows[(data.gen_lens[train_rows.to(data.gen_lens.device)] >= span).cpu()].cpu()
+    if world.active and ddp.agree_max(world, [rows.numel() == 0], dev)[0]:  # all ranks raise, or none
+        raise ValueError(f"a rank's training rows have no answer with >= {span} tokens")
     if rows.numel() == 0:
         raise ValueError(f"no training answer has >= {span} tokens")
-    gen = torch.Generator().manual_seed(cfg.seed * 1000003 + state["step"])
+    gen = torch.Generator().manual_seed((cfg.seed * 1000003 + state["step"]) * world.size + world.rank)
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
     n_anchor = cfg.num_anchors
     start_step, p0 = state["step"], state["progress"]
@@ -307,7 +317,7 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
     run_n = 0
 
     def save() -> None:
-        if ckpt_path is None:
+        if ckpt_path is None or not world.main:
             return
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), **state,
@@ -318,6 +328,8 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         elapsed = time.perf_counter() - t_start
         p_time = p0 + (1 - p0) * elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0
         state["progress"] = max(state["progress"], state["step"] / cfg.steps, p_time)
+        if world.active:  # the ranks' clocks differ: all stop at the same step (and use the same lr)
+            state["progress"] = ddp.agree_max(world, [state["progress"]], dev)[0]
         if state["progress"] >= 1.0:
             break
         lr = cfg.lr * lr_factor(state["step"], state["progress"], cfg.warmup, cfg.min_lr_ratio)
@@ -331,20 +343,35 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         if cfg.short_block_frac > 0:
             short = torch.rand(anchors.shape, generator=gen) < cfg.short_block_frac
             lens = torch.where(short, torch.randint(min_len, blk + 1, anchors.shape, generator=gen), blk).to(dev)
+        oom, err = False, None
         try:
             with amp:
                 loss, parts = batch_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         except torch.OutOfMemoryError:
-            if n_anchor <= 16:
+            if n_anchor <= 16 and not world.active:
                 raise
+            oom, loss, parts = True, None, None
+        except Exception as e:  # with several ranks: fail together, the others would wait in a collective
+            if not world.active:
+                raise
+            err, loss, parts = e, None, None
+        if world.active:
+            oom_any, err_any = ddp.agree_max(world, [oom, err is not None], dev)
+            if err_any:
+                raise err or RuntimeError(f"a training step failed on another rank at step {state['step']}")
+            oom = bool(oom_any)
+            if oom and n_anchor <= 16:
+                raise torch.OutOfMemoryError(f"out of memory at step {state['step']} with {n_anchor} anchors")
+        if oom:
             opt.zero_grad(set_to_none=True)
             loss = parts = None
             torch.cuda.empty_cache()
             n_anchor //= 2
             log(f"out of memory at step {state['step']}: {n_anchor} anchors per sequence from now on")
             continue
+        ddp.average_gradients(world, list(draft.parameters()))
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
         opt.step()
@@ -353,6 +380,8 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
             run[k] = run.get(k, 0.0) + v.float()
         run_n += 1
         if state["step"] % cfg.log_every == 0 or state["step"] == start_step + 1:
+            if world.active:  # the same steps on every rank: the loss over all ranks' batches
+                run = ddp.mean_over_ranks(world, run, dev)
             means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
             run, run_n = {}, 0
             state["losses"].append((state["step"], means["loss"], means))
@@ -364,6 +393,8 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         if cfg.save_every and state["step"] % cfg.save_every == 0:
             save()
     if run_n:
+        if world.active:
+            run = ddp.mean_over_ranks(world, run, dev)
         means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
         state["losses"].append((state["step"], means["loss"], means))
     state["seconds"] += time.perf_counter() - t_start
@@ -619,14 +650,30 @@ def _rows(args: argparse.Namespace, cache: Path) -> list[_Row]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The job. Under `torchrun --nproc_per_node=N` (WORLD_SIZE > 1) it runs data parallel
+    (engine/training/distributed.py): answers and training rows are split over the ranks, rank 0
+    writes the data cache, checkpoints, the draft and metrics.json and evaluates; the other ranks
+    return a short summary after training."""
     t_job = time.time()
     args = parse_args(argv)
+    world = ddp.world_from_env()
+    dev = ddp.rank_device(world, args.device)
+    ddp.init(world, dev)
+    try:
+        return _job(args, world, dev, t_job)
+    finally:
+        ddp.close(world)
+
+
+def _job(args: argparse.Namespace, world: World, dev: torch.device, t_job: float) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else out
     work.mkdir(parents=True, exist_ok=True)
-    log = FileLog(out / "log.txt")
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    log: Log = FileLog(out / "log.txt") if world.main else ddp.RankLog(out / f"log.rank{world.rank}.txt")
+    if world.active:
+        log(f"data parallel: rank {world.rank} of {world.size} (local rank {world.local_rank}), "
+            f"{'nccl' if dev.type == 'cuda' else 'gloo'}")
     torch.manual_seed(args.seed)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -695,9 +742,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log(f"answers: {len(answers)} read from {cache}")
     todo_held = [r for r in held + extra_rows if r.id not in answers]
     todo_train = [r for r in train_rows if r.id not in answers]
+    generated: list[str] = []  # the ids this rank answered (every row's in a world of one)
     if todo_held or todo_train:
         t0 = time.time()
-        for group, deadline in ((todo_held, None), (todo_train, (t_job + args.gen_until) if args.gen_until else None)):
+        new: dict[str, list[int]] = {}
+        until = (t_job + args.gen_until) if args.gen_until else None
+        for group, deadline in ((ddp.shard(todo_held, world), None), (ddp.shard(todo_train, world), until)):
             if group:
                 if args.gen_impl == "static":
                     from engine.training.fast_generate import generate_answers_static
@@ -710,26 +760,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                            info.eos_id, info.pad_id, deadline, log, args.seed)
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-                answers.update({r.id: a for r, a in zip(group, got) if a is not None})
+                new.update({r.id: a for r, a in zip(group, got) if a is not None})
+        generated = list(new)
+        answers.update(ddp.gather_dicts(world, new))  # every rank: every rank's answers
         metrics["generation"] = {"seconds": round(time.time() - t0, 1)}
-        every = held + extra_rows + train_rows
-        save_data_tokens(cache, [r.ids for r in every], [answers.get(r.id) for r in every],
-                         [r.id for r in every], [r.kind for r in every])
+        if world.main:
+            every = held + extra_rows + train_rows
+            save_data_tokens(cache, [r.ids for r in every], [answers.get(r.id) for r in every],
+                             [r.id for r in every], [r.kind for r in every])
+        ddp.barrier(world)
     held = [r for r in held if r.id in answers]
     extra_rows = [r for r in extra_rows if r.id in answers]
     train_rows = [r for r in train_rows if r.id in answers]
     per_token = len(taps) * target.config.hidden_size * (2 if dev.type == "cuda" and not args.no_bf16 else 4)
-    train_rows = rows_within_feature_budget(held + extra_rows, train_rows, answers, args.max_feature_gib, per_token, log)
+    # N ranks hold N times the features: the rows that fit in N budgets (the same list on every rank, in
+    # file order), each rank building features for the held-out rows and its own shard of these
+    budget_rows = rows_within_feature_budget(held + extra_rows, train_rows, answers, args.max_feature_gib * world.size,
+                                             per_token, log)
+    train_rows = ddp.shard(budget_rows, world)
     all_rows = held + extra_rows + train_rows
-    kinds_used = dict(Counter(r.kind for r in train_rows))
-    log(f"answers: {len(all_rows)} used ({len(held)} held out, {len(extra_rows)} extra held out, training rows by kind "
-        f"{kinds_used})")
+    kinds_used = dict(Counter(r.kind for r in budget_rows))
+    log(f"answers: {len(held) + len(extra_rows) + len(budget_rows)} used ({len(held)} held out, {len(extra_rows)} "
+        f"extra held out, training rows by kind {kinds_used})")
+    if world.active:
+        counts = ddp.gather_objects(world, (len(train_rows), len(generated)))
+        per_rank = [c[0] for c in counts]
+        metrics["distributed"] = {"world_size": world.size, "backend": "nccl" if dev.type == "cuda" else "gloo",
+                                  "train_rows_per_rank": per_rank, "answers_per_rank": [c[1] for c in counts]}
+        log(f"this rank trains on {len(train_rows)} of the {len(budget_rows)} training rows (per rank {per_rank})")
 
     # ---- features
     feat_dtype = torch.bfloat16 if (dev.type == "cuda" and not args.no_bf16) else torch.float32
     data, fstats = build_flat_data(target, [r.ids for r in all_rows], [answers[r.id] for r in all_rows],
                                    [r.kind for r in all_rows], taps, args.feature_tokens, feat_dtype, log)
-    metrics["data"] = {**fstats, "prompts_train": len(train_rows), "prompts_heldout": len(held),
+    metrics["data"] = {**fstats, "prompts_train": len(budget_rows), "prompts_heldout": len(held),
                        "prompts_extra_heldout": len(extra_rows), "train_kinds": kinds_used,
                        "answer_tokens_mean": round(float(data.gen_lens.float().mean()), 1)}
     embed, lm_head = target_weights(target)
@@ -738,14 +802,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     del target
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    (work / "draft_config.json").write_text(json.dumps(dcfg, indent=1), encoding="utf-8")
+    if world.main:
+        (work / "draft_config.json").write_text(json.dumps(dcfg, indent=1), encoding="utf-8")
 
     # ---- the starting draft on the extra held-out rows (the new data's kinds), for comparison
     cands = [int(x) for x in args.eval_cands.split(",")
              if 0 < int(x) <= draft.cfg.block_size - draft.candidate_offset]
     top_ks = [int(x) for x in str(args.eval_top_k).split(",")]
     extra_idx = list(range(len(held), len(held) + len(extra_rows)))  # their rows in `data`
-    if extra_rows and args.init_from:
+    if extra_rows and args.init_from and world.main:
         t0 = time.time()
         draft.to(dev)
         try:
@@ -758,11 +823,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             log(f"extra held-out of the starting draft failed: {e!r}")
         log(f"extra held-out of the starting draft: {time.time() - t0:.1f}s")
         draft.train()
+    ddp.barrier(world)  # the other ranks wait for rank 0's evaluation: training's collectives come next
 
     # ---- training
     budget = None
     if args.deadline:
         budget = t_job + args.deadline - args.reserve - time.time()
+        if world.active:  # the shortest over the ranks: all stop (and refuse) together
+            budget = -ddp.agree_max(world, [-budget], dev)[0]
         log(f"training time budget: {budget:.0f}s")
         if budget < 5:
             raise SystemExit("no time left to train")
@@ -773,8 +841,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                            bf16=bf16, time_budget_s=budget, save_every=args.save_every, log_every=args.log_every)
     lw = LossWeights(gamma=args.gamma, tv=args.tv_weight, unary=args.unary_weight, confidence=args.conf_weight)
     train_idx = torch.arange(len(held) + len(extra_rows), len(all_rows))
+    sha_start = ddp.params_sha256(draft) if world.active else None
     try:
-        tres = train_dspark(draft, data, train_idx, embed, lm_head, tc, lw, work / "ckpt.pt", args.resume, log)
+        tres = train_dspark(draft, data, train_idx, embed, lm_head, tc, lw, work / "ckpt.pt", args.resume, log, world)
     except Exception as e:  # ship what there is rather than nothing (the device call is not repeatable)
         import traceback
 
@@ -782,6 +851,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         metrics["train_error"] = repr(e)
         tres = {"steps": -1, "losses": []}
     draft.eval()
+    if world.active:  # what each rank trained on and its final weights (the ranks must agree), for checks
+        rank_info = {"rank": world.rank, "world_size": world.size, "steps": tres["steps"],
+                     "train_row_ids": [r.id for r in train_rows], "answered_ids": generated,
+                     "params_sha256_start": sha_start, "params_sha256_end": ddp.params_sha256(draft)}
+        (work / f"ddp_rank{world.rank}.json").write_text(json.dumps(rank_info) + "\n", encoding="utf-8")
+        if not world.main:
+            log(f"rank {world.rank} done: {tres['steps']} steps")
+            return {k: v for k, v in rank_info.items() if k != "train_row_ids"}
     losses = tres["losses"]
     metrics["train"] = {**{k: v for k, v in tres.items() if k != "losses"}, "config": asdict(tc), "loss": asdict(lw),
                         "loss_first": losses[0][2] if losses else None, "loss_last": losses[-1][2] if losses else None,
