@@ -306,6 +306,25 @@ def magpie_main(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+def add_sampler_args(m: argparse.ArgumentParser, n: int, max_new: int) -> None:
+    """The options of a command that samples user turns from the target and filters them (round 5's
+    `magpie`, round 6's `primed`)."""
+    m.add_argument("--target", required=True)
+    m.add_argument("--tokenizer", required=True, help="a HF tokenizer folder (the target's)")
+    m.add_argument("--n", type=int, default=n)
+    m.add_argument("--batch", type=int, default=2048)
+    m.add_argument("--max-new", type=int, default=max_new)
+    m.add_argument("--temperature", type=float, default=1.0)
+    m.add_argument("--top-p", type=float, default=0.95)
+    m.add_argument("--dtype", default="bfloat16")
+    m.add_argument("--eos", type=int, default=-1)
+    m.add_argument("--until", type=float, default=0, help="stop starting sampling batches after this many seconds")
+    m.add_argument("--min-tokens", type=int, default=8)
+    m.add_argument("--max-tokens", type=int, default=200)
+    m.add_argument("--max-prompt-tokens", type=int, default=384)
+    m.add_argument("--bench-hashes", default="")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -320,20 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     f.add_argument("--bench-hashes", default="")
     f.add_argument("--with-text", action="store_true")
     m = sub.add_parser("magpie", help="(GPU) sample user turns from the target, filter, write the round's file")
-    m.add_argument("--target", required=True)
-    m.add_argument("--tokenizer", required=True, help="a HF tokenizer folder (the target's)")
-    m.add_argument("--n", type=int, default=16384)
-    m.add_argument("--batch", type=int, default=2048)
-    m.add_argument("--max-new", type=int, default=224)
-    m.add_argument("--temperature", type=float, default=1.0)
-    m.add_argument("--top-p", type=float, default=0.95)
-    m.add_argument("--dtype", default="bfloat16")
-    m.add_argument("--eos", type=int, default=-1)
-    m.add_argument("--until", type=float, default=0, help="stop starting sampling batches after this many seconds")
-    m.add_argument("--min-tokens", type=int, default=8)
-    m.add_argument("--max-tokens", type=int, default=200)
-    m.add_argument("--max-prompt-tokens", type=int, default=384)
-    m.add_argument("--bench-hashes", default="")
+    add_sampler_args(m, n=16384, max_new=224)
     m.add_argument("--base", required=True, help="answers cache of the last round (its first --heldout rows stay first)")
     m.add_argument("--heldout", type=int, default=256)
     m.add_argument("--func", default="", help="the func prompt file (functions command)")

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 from engine.training import corpus
 from engine.training.corpus import PromptRow
-from engine.training.corpus_r5 import _answers_rows, filter_magpie, load_hashes, magpie_prefix, merge_round_file
+from engine.training.corpus_r5 import (_answers_rows, add_sampler_args, filter_magpie, load_hashes, magpie_prefix,
+                                        merge_round_file)
 
 # (task type, share of the samples, openers). An opener is the start of the user's turn; the target writes the
 # rest. Generic instruction openings (the verbs of self-instruct style task lists and common persona requests).
@@ -132,20 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("primed", help="(GPU) sample task-primed user turns from the target, write the round's file")
-    m.add_argument("--target", required=True)
-    m.add_argument("--tokenizer", required=True, help="a HF tokenizer folder (the target's)")
-    m.add_argument("--n", type=int, default=20480)
-    m.add_argument("--batch", type=int, default=2048)
-    m.add_argument("--max-new", type=int, default=200)
-    m.add_argument("--temperature", type=float, default=1.0)
-    m.add_argument("--top-p", type=float, default=0.95)
-    m.add_argument("--dtype", default="bfloat16")
-    m.add_argument("--eos", type=int, default=-1)
-    m.add_argument("--until", type=float, default=0, help="stop starting sampling batches after this many seconds")
-    m.add_argument("--min-tokens", type=int, default=8)
-    m.add_argument("--max-tokens", type=int, default=200)
-    m.add_argument("--max-prompt-tokens", type=int, default=384)
-    m.add_argument("--bench-hashes", default="")
+    add_sampler_args(m, n=20480, max_new=200)
     m.add_argument("--base", required=True, help="answers cache of the earlier rounds (its first --heldout rows "
                                                  "stay first)")
     m.add_argument("--heldout", type=int, default=256)
