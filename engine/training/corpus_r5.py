@@ -266,24 +266,38 @@ def _answers_rows(path: Path) -> list[PromptRow]:
     return [PromptRow(k, d["kind"], "answers", "", list(d["ids"])) for k, d in load_data_tokens(path).items()]
 
 
-def magpie_main(args: argparse.Namespace) -> int:
+def load_sampler(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int], int]:
+    """(tokenizer, target (on the GPU when there is one), its TargetInfo, the chat template up to the
+    user's turn, the end-of-turn id): what the commands that sample user turns start from."""
     import torch
     from transformers import AutoTokenizer
 
-    from engine.training.fast_generate import generate_answers_static
     from engine.training.target_loader import load_target
 
-    t0 = time.time()
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target, info = load_target(args.target, torch.float32, dev)
     prefix = list(tok(magpie_prefix(), add_special_tokens=False)["input_ids"])
     eos = tok.convert_tokens_to_ids("<|im_end|>") if args.eos < 0 else args.eos
-    log = print
+    return tok, target, info, prefix, eos
+
+
+def sample_turns(args: argparse.Namespace, target: Any, info: Any, prompts: Sequence[Sequence[int]], eos: int,
+                 t0: float) -> list[list[int] | None]:
+    """The target's sampled continuations of `prompts` (nucleus, seeded; None where --until ran out)."""
+    import torch
+
+    from engine.training.fast_generate import generate_answers_static
+
     deadline = (t0 + args.until) if args.until else None
-    samples = generate_answers_static(target, [prefix] * args.n, args.max_new, args.batch, eos, info.pad_id,
-                                      deadline, log, args.seed, getattr(torch, args.dtype), args.temperature,
-                                      args.top_p)
+    return generate_answers_static(target, prompts, args.max_new, args.batch, eos, info.pad_id, deadline, print,
+                                   args.seed, getattr(torch, args.dtype), args.temperature, args.top_p)
+
+
+def magpie_main(args: argparse.Namespace) -> int:
+    t0 = time.time()
+    tok, target, info, prefix, eos = load_sampler(args)
+    samples = sample_turns(args, target, info, [prefix] * args.n, eos, t0)
     t_gen = time.time() - t0
     bench = load_hashes(Path(args.bench_hashes)) if args.bench_hashes else set()
     texts, stats = filter_magpie(samples, eos, lambda ids: tok.decode(ids, skip_special_tokens=False), bench,

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 from engine.training import corpus
 from engine.training.corpus import PromptRow
-from engine.training.corpus_r5 import (_answers_rows, add_sampler_args, filter_magpie, load_hashes, magpie_prefix,
-                                        merge_round_file)
+from engine.training.corpus_r5 import (_answers_rows, add_sampler_args, filter_magpie, load_hashes, load_sampler,
+                                        merge_round_file, sample_turns)
 
 # (task type, share of the samples, openers). An opener is the start of the user's turn; the target writes the
 # rest. Generic instruction openings (the verbs of self-instruct style task lists and common persona requests).
@@ -93,24 +93,11 @@ def round_file(old: Sequence[PromptRow], new: Sequence[PromptRow], heldout: int,
 
 
 def primed_main(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoTokenizer
-
-    from engine.training.fast_generate import generate_answers_static
-    from engine.training.target_loader import load_target
-
     t0 = time.time()
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    target, info = load_target(args.target, torch.float32, dev)
-    prefix = list(tok(magpie_prefix(), add_special_tokens=False)["input_ids"])
-    eos = tok.convert_tokens_to_ids("<|im_end|>") if args.eos < 0 else args.eos
+    tok, target, info, prefix, eos = load_sampler(args)
     plan = opener_plan(args.n, args.seed)
     opener_ids = {op: list(tok(op, add_special_tokens=False)["input_ids"]) for _, _, ops in OPENERS for op in ops}
-    deadline = (t0 + args.until) if args.until else None
-    samples = generate_answers_static(target, [prefix + opener_ids[op] for _, op in plan], args.max_new, args.batch,
-                                      eos, info.pad_id, deadline, print, args.seed, getattr(torch, args.dtype),
-                                      args.temperature, args.top_p)
+    samples = sample_turns(args, target, info, [prefix + opener_ids[op] for _, op in plan], eos, t0)
     t_gen = time.time() - t0
     bench = load_hashes(Path(args.bench_hashes)) if args.bench_hashes else set()
     rows, stats = primed_rows(plan, samples, opener_ids, eos, lambda ids: tok.decode(ids, skip_special_tokens=False),
