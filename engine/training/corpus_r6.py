@@ -5,9 +5,10 @@ and advice requests. The bench's chat set is MT-Bench's first twenty turns: writ
 emails, stories, edits) and role-play ("pretend to be...", "act as..."), where the target's answers
 are its creative prose, the kind of text the draft knows least (replay τ 1.89 there against 2.68 on
 held-out Magpie rows). This round primes the same sampler with the first words of a generic
-instruction of those task types (``OPENERS``: common instruction verbs and persona openers, not
-taken from any benchmark), so that the target writes user turns of those kinds; the target's greedy
-answers to them are the new training rows (kind ``primed``).
+instruction of those task types (``OPENERS``: common instruction verbs and persona openers of at
+most five words; some, such as "Act as" or "Draft a", are also how MT-Bench turns begin: they name
+the task types, and no benchmark 8-gram can come from them), so that the target writes user turns
+of those kinds; the target's greedy answers to them are the new training rows (kind ``primed``).
 
 The benchmark rule holds as in round 5: no prompt shares a word 8-gram with a HumanEval prompt or an
 MT-Bench turn (hashes only travel, ``corpus_r5 bench-hashes``).
@@ -62,8 +63,8 @@ def opener_plan(n: int, seed: int = 6) -> list[tuple[str, str]]:
     return plan[:n]
 
 
-def primed_rows(plan: Sequence[tuple[str, str]], samples: Sequence[Sequence[int] | None], opener_ids: dict[str, list[int]],
-                eos_id: int, decode: Any, bench: set[int], min_tokens: int = 8,
+def primed_rows(plan: Sequence[tuple[str, str]], samples: Sequence[Sequence[int] | None],
+                opener_ids: dict[str, list[int]], eos_id: int, decode: Any, bench: set[int], min_tokens: int = 8,
                 max_tokens: int = 200) -> tuple[list[PromptRow], dict]:
     """Sampled continuations -> prompt rows (text = opener + continuation), filtered like round 5's
     Magpie turns (ended, length, no special-token text, dedupe, no benchmark 8-gram) on the whole turn."""
