@@ -18,6 +18,8 @@ from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
 
 SEED_MAX = 2**31 - 1
+NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. “draft's default” uses the draft's own "
+                     "value (its config's num_assistant_tokens, else a full block).")
 _FIELD = re.compile(r"^\s*([a-z_]+)\b")
 
 
@@ -96,9 +98,8 @@ class GenerationPanel(QGroupBox):
 
         self.num_assistant = _ispin(0, MAX_ASSISTANT_TOKENS, S.get_int(settings, S.K_NUM_ASSISTANT, 0),
                                     "numAssistantTokens")
-        self.num_assistant.setSpecialValueText("draft's block")
-        self.num_assistant.setToolTip("num_assistant_tokens: draft tokens proposed per step. "
-                                      "“draft's block” uses the draft's own block size minus one.")
+        self.num_assistant.setSpecialValueText("draft's default")
+        self.num_assistant.setToolTip(NUM_ASSISTANT_TIP)
         self._add(form, "Draft tokens per step", "num_assistant_tokens", self.num_assistant)
 
         self.markov_top_k = _ispin(-1, 100000, S.get_int(settings, S.K_MARKOV_TOP_K, -1), "markovHeadTopK")
@@ -236,16 +237,17 @@ class GenerationPanel(QGroupBox):
         self.system_prompt.blockSignals(False)
 
     def set_draft_loaded(self, loaded: bool, max_candidates: int | None = None, variant: str | None = None,
-                         has_head: bool = False, default_top_k: int = 0) -> None:
+                         has_head: bool = False, default_top_k: int = 0, default_candidates: int = 0) -> None:
         self._draft_loaded = loaded
         self._has_head = loaded and has_head
         self._variant = variant if loaded else None
         self._default_top_k = default_top_k
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
-        self.num_assistant.setToolTip(
-            "num_assistant_tokens: draft tokens proposed per step. “draft's block” uses the draft's own "
-            "block size minus one." if loaded else "No draft loaded: the target makes one token per step.")
+        self.num_assistant.setSpecialValueText(f"draft's default ({default_candidates})" if loaded and default_candidates
+                                               else "draft's default")
+        self.num_assistant.setToolTip(NUM_ASSISTANT_TIP if loaded
+                                      else "No draft loaded: the target makes one token per step.")
         # markov_head_top_k only means something for a draft with a head (DSpark's, DFlash v2's selector).
         self.form.setRowVisible(self._rows["markov_head_top_k"], self._has_head)
         if self._has_head:

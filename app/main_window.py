@@ -603,7 +603,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
         self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
-                                        info.draft_has_head, info.draft_default_top_k)
+                                        info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
         self.model_panel.set_loaded(f"Loaded {info.target_name}"
                                     + (f" + {info.draft_name}" if info.draft_name else " (no draft)"))

@@ -71,6 +71,7 @@ class EngineInfo:
     has_chat_template: bool
     load_s: float
     max_candidates: int | None = None  # the most draft tokens per step this draft proposes
+    default_candidates: int | None = None  # draft tokens per step when a request does not say (the draft's own)
     draft_variant: str | None = None  # dflash_v1 | dspark | dflash_v2
     draft_has_head: bool = False  # a Markov head / selector: markov_head_top_k applies
     draft_default_top_k: int = 0
@@ -308,6 +309,7 @@ class EngineWorker(QObject):
             load_s=time.perf_counter() - t0,
             max_candidates=getattr(getattr(getattr(pipe, "draft", None), "info", None), "max_candidates", None)
             or getattr(pipe, "default_num_candidates", None) or None,
+            default_candidates=getattr(pipe, "default_num_candidates", None) or None,
         )
         dinfo = getattr(getattr(pipe, "draft", None), "info", None)
         if dinfo is not None:

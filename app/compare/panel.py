@@ -167,8 +167,9 @@ class ComparePanel(QWidget):
         f.addRow(self.genai_dflash_check)
         self.n_edit = QLineEdit(S.get_str(g, key("num_assistant_tokens")))
         self.n_edit.setObjectName("compareN")
-        self.n_edit.setPlaceholderText("draft's block − 1   (e.g. 3 7)")
-        self.n_edit.setToolTip("num_assistant_tokens: one row per value. Empty: the draft's block minus one.")
+        self.n_edit.setPlaceholderText("draft's default   (e.g. 3 7)")
+        self.n_edit.setToolTip("num_assistant_tokens: one row per value. Empty: the draft's own default (its "
+                               "config's num_assistant_tokens, else a full block).")
         f.addRow("Draft tokens/step", self.n_edit)
         self.k_edit = QLineEdit(S.get_str(g, key("markov_head_top_k")))
         self.k_edit.setObjectName("compareK")

@@ -127,3 +127,22 @@ def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
     assert w.current.messages[-1].status == DONE
     assert g.field_error("markov_head_top_k") == ""
+
+
+def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeypatch):
+    """The "unset" value names the number the engine will use (the draft's tuned default, 3 for the
+    shipped DSpark draft), not the block size."""
+    from app.fake_engine import FakePipeline
+
+    monkeypatch.setattr(FakePipeline, "default_num_candidates", property(lambda self: 3))
+    w = make_window()
+    g = w.gen_panel
+    assert w.engine_info.default_candidates == 3 and w.engine_info.max_candidates == 7
+    assert g.num_assistant.value() == 0 and g.num_assistant.specialValueText() == "draft's default (3)"
+    assert g.num_assistant.maximum() == 7 and g.num_assistant.isEnabled()
+    assert g.config(with_draft=True).num_assistant_tokens is None  # unset: the engine applies its default
+    w.close()
+
+    w = make_window(draft=False)
+    assert w.gen_panel.num_assistant.specialValueText() == "draft's default"
+    assert not w.gen_panel.num_assistant.isEnabled()
