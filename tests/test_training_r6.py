@@ -14,6 +14,7 @@ def test_opener_plan_shares_and_seed() -> None:
     allowed = {kind: set(ops) for kind, _, ops in corpus_r6.OPENERS}
     assert all(op in allowed[kind] for kind, op in plan)
     assert len({op for _, op in plan}) > 50  # the openers of every type are drawn, not a few
+    assert max(len(op.split()) for ops in allowed.values() for op in ops) < 8  # no benchmark 8-gram can come from one
     assert corpus_r6.opener_plan(1000, seed=1) == plan and corpus_r6.opener_plan(1000, seed=2) != plan
     assert [k for k, _ in plan[:50]] != sorted(k for k, _ in plan[:50])  # types interleaved, not in blocks
 

@@ -6,7 +6,7 @@ emails, stories, edits) and role-play ("pretend to be...", "act as..."), where t
 are its creative prose, the kind of text the draft knows least (replay τ 1.89 there against 2.68 on
 held-out Magpie rows). This round primes the same sampler with the first words of a generic
 instruction of those task types (``OPENERS``: common instruction verbs and persona openers of at
-most five words; some, such as "Act as" or "Draft a", are also how MT-Bench turns begin: they name
+most six words; some, such as "Act as" or "Draft a", are also how MT-Bench turns begin: they name
 the task types, and no benchmark 8-gram can come from them), so that the target writes user turns
 of those kinds; the target's greedy answers to them are the new training rows (kind ``primed``).
 
