@@ -106,7 +106,7 @@ class BenchSpec:
     max_new_tokens: int = 64
     device: str = "CPU"
     precision: str = "default"
-    num_assistant_tokens: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's default (a full block)
+    num_assistant_tokens: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's own default
     markov_head_top_k: list[int | None] = field(default_factory=lambda: [None])  # None: the draft's default K
     decodings: list[Decoding] = field(default_factory=lambda: [Decoding()])
     genai_target: bool = True  # the target alone through openvino_genai.LLMPipeline

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import GenerationConfig
+from engine.models.draft import read_draft_info
 from engine.pipeline import SpeculativePipeline
 from engine.scheduler import SchedulerConfig
 
@@ -67,7 +68,7 @@ def test_staggered_requests_with_small_budget_equal_solo(smollm2_target: Path, d
     # One row short of a full validation window (1 + the draft's default candidates): every full window is
     # split, whatever the draft accepts. (A budget of 6, less than two windows, split only while two requests
     # decoded at once, which depends on how fast the draft finishes each request.)
-    window = 1 + SpeculativePipeline.load(smollm2_target, default_draft, precision="f32").default_num_candidates
+    window = 1 + read_draft_info(default_draft).default_candidates  # what the pipeline drafts when unset
     budget = window - 1
     assert budget >= 2
     pipe = SpeculativePipeline.load(smollm2_target, default_draft, precision="f32",
