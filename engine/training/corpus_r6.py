@@ -52,29 +52,33 @@ OPENERS: tuple[tuple[str, float, tuple[str, ...]], ...] = (
 )
 
 
-def opener_plan(n: int, seed: int = 6) -> list[tuple[str, str]]:
-    """n (task type, opener) pairs: each type gets its share of n, its openers drawn uniformly."""
+def opener_plan(n: int, seed: int = 6, shares: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    """n (task type, opener) pairs: each type gets its share of n (``OPENERS``' own unless `shares`
+    names other ones), its openers drawn uniformly."""
     rng = random.Random(seed)
-    total = sum(share for _, share, _ in OPENERS)
+    share_of = {kind: (shares or {}).get(kind, share) for kind, share, _ in OPENERS}
+    total = sum(share_of.values())
     plan: list[tuple[str, str]] = []
-    for kind, share, openers in OPENERS:
-        plan += [(kind, rng.choice(openers)) for _ in range(round(n * share / total))]
+    for kind, _, openers in OPENERS:
+        plan += [(kind, rng.choice(openers)) for _ in range(round(n * share_of[kind] / total))]
     rng.shuffle(plan)
     return plan[:n]
 
 
 def primed_rows(plan: Sequence[tuple[str, str]], samples: Sequence[Sequence[int] | None],
                 opener_ids: dict[str, list[int]], eos_id: int, decode: Any, bench: set[int], min_tokens: int = 8,
-                max_tokens: int = 200) -> tuple[list[PromptRow], dict]:
-    """Sampled continuations -> prompt rows (text = opener + continuation), filtered like round 5's
-    Magpie turns (ended, length, no special-token text, dedupe, no benchmark 8-gram) on the whole turn."""
+                max_tokens: int = 200, id_prefix: str = "pr") -> tuple[list[PromptRow], dict]:
+    """Sampled continuations -> prompt rows (text = opener + continuation; ids PREFIX-i), filtered like
+    round 5's Magpie turns (ended, length, no special-token text, dedupe, no benchmark 8-gram) on the
+    whole turn."""
     full = [None if s is None else opener_ids[op] + list(s) for (_, op), s in zip(plan, samples)]
     texts, stats = filter_magpie(full, eos_id, decode, bench, min_tokens, max_tokens)
     by_text = {}
     for (kind, _), f in zip(plan, full):  # the task type of each kept text
         if f and f[-1] == eos_id:
             by_text.setdefault(decode(f[:-1]).strip(), kind)
-    rows = [PromptRow(f"pr-{i}", "primed", f"primed:{by_text.get(t, 'writing')}", t) for i, t in enumerate(texts)]
+    rows = [PromptRow(f"{id_prefix}-{i}", "primed", f"primed:{by_text.get(t, 'writing')}", t)
+            for i, t in enumerate(texts)]
     stats["by_type"] = {k: sum(r.source == f"primed:{k}" for r in rows) for k, _, _ in OPENERS}
     return rows, stats
 
