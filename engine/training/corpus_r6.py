@@ -97,19 +97,28 @@ def round_file(old: Sequence[PromptRow], new: Sequence[PromptRow], heldout: int,
                     "older": len(older), "new": len(new)}
 
 
-def primed_main(args: argparse.Namespace) -> int:
+def sample_primed(args: argparse.Namespace, shares: dict[str, float] | None = None,
+                  id_prefix: str = "pr") -> tuple[list[PromptRow], dict]:
+    """(GPU) The target's task-primed user turns: the opener plan sampled, filtered and tokenized
+    (round 6's `primed`, and each of round 7's samplers with its own shares and row ids)."""
     t0 = time.time()
     tok, target, info, prefix, eos = load_sampler(args)
-    plan = opener_plan(args.n, args.seed)
+    plan = opener_plan(args.n, args.seed, shares)
     opener_ids = {op: list(tok(op, add_special_tokens=False)["input_ids"]) for _, _, ops in OPENERS for op in ops}
     samples = sample_turns(args, target, info, [prefix + opener_ids[op] for _, op in plan], eos, t0)
     t_gen = time.time() - t0
     bench = load_hashes(Path(args.bench_hashes)) if args.bench_hashes else set()
     rows, stats = primed_rows(plan, samples, opener_ids, eos, lambda ids: tok.decode(ids, skip_special_tokens=False),
-                              bench, args.min_tokens, args.max_tokens)
+                              bench, args.min_tokens, args.max_tokens, id_prefix)
     rows = corpus.tokenize_rows(tok, rows, args.max_prompt_tokens)
     stats.update(kept_after_prompt_length=len(rows), seconds_sampling=round(t_gen, 1),
                  prompt_tokens_mean=round(sum(len(r.ids) for r in rows) / max(1, len(rows)), 1))
+    return rows, stats
+
+
+def primed_main(args: argparse.Namespace) -> int:
+    t0 = time.time()
+    rows, stats = sample_primed(args)
     recent_kinds = [k for k in args.recent_kinds.split(",") if k]
     merged, counts = round_file(_answers_rows(Path(args.base)), rows, args.heldout, recent_kinds, args.extra_heldout,
                                 args.seed)

@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 from engine.training import corpus
 from engine.training.corpus import PromptRow
-from engine.training.corpus_r5 import _answers_rows, add_sampler_args, load_hashes, load_sampler, sample_turns, words
-from engine.training.corpus_r6 import OPENERS, opener_plan, primed_rows
+from engine.training.corpus_r5 import _answers_rows, add_sampler_args, words
+from engine.training.corpus_r6 import OPENERS, sample_primed
 
 # Round 7's task-type shares: role-play level with writing (round 6: 0.50 / 0.40 / 0.10).
 SHARES: dict[str, float] = {"writing": 0.45, "roleplay": 0.45, "ask": 0.10}
@@ -87,18 +87,8 @@ def round_file(old: Sequence[PromptRow], new: Sequence[PromptRow], heldout: int,
 def sample_main(args: argparse.Namespace) -> int:
     """(GPU) One sampler: round 6's primed turns with this round's shares, seed and row ids."""
     t0 = time.time()
-    tok, target, info, prefix, eos = load_sampler(args)
-    plan = opener_plan(args.n, args.seed, SHARES)
-    opener_ids = {op: list(tok(op, add_special_tokens=False)["input_ids"]) for _, _, ops in OPENERS for op in ops}
-    samples = sample_turns(args, target, info, [prefix + opener_ids[op] for _, op in plan], eos, t0)
-    t_gen = time.time() - t0
-    bench = load_hashes(Path(args.bench_hashes)) if args.bench_hashes else set()
-    rows, stats = primed_rows(plan, samples, opener_ids, eos, lambda ids: tok.decode(ids, skip_special_tokens=False),
-                              bench, args.min_tokens, args.max_tokens, id_prefix=args.id_prefix)
-    rows = corpus.tokenize_rows(tok, rows, args.max_prompt_tokens)
-    stats.update(kept_after_prompt_length=len(rows), seconds_sampling=round(t_gen, 1),
-                 prompt_tokens_mean=round(sum(len(r.ids) for r in rows) / max(1, len(rows)), 1),
-                 seconds=round(time.time() - t0, 1))
+    rows, stats = sample_primed(args, SHARES, args.id_prefix)
+    stats["seconds"] = round(time.time() - t0, 1)
     corpus.write_rows(rows, Path(args.rows_out), with_text=True)
     print(json.dumps({"sample": args.id_prefix, **stats}))
     return 0
