@@ -20,6 +20,7 @@ from engine.config import GenerationConfig
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
+from engine.draft_policy import make_policy
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -58,6 +59,7 @@ class _Request:
     metrics: RequestMetrics
     t_added: float
     generated: list[int] = field(default_factory=list)
+    cap: int | None = None  # the draft policy's candidate count for the next window (None: num_candidates)
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -86,8 +88,9 @@ class _Request:
         return self.fed >= len(self.feed)
 
     def next_candidates(self) -> int:
-        """Candidates the next window can hold without running past max_new_tokens."""
-        return max(0, min(self.num_candidates, self.config.max_new_tokens - len(self.generated) - 1))
+        """Candidates the next window can hold without running past max_new_tokens (nor the policy's cap)."""
+        n = self.num_candidates if self.cap is None else min(self.num_candidates, self.cap)
+        return max(0, min(n, self.config.max_new_tokens - len(self.generated) - 1))
 
     def rows_wanted(self) -> int:
         if not self.decoding:
@@ -112,6 +115,7 @@ class SpeculativePipeline:
         self.drafts = make_draft_batch(draft) if draft is not None else None
         self.precision = precision
         self.scheduler = (scheduler or SchedulerConfig()).validate()
+        self.policy = make_policy(self.scheduler.draft_policy) if self.drafts is not None else None
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._finished: OrderedDict[int, _Request] = OrderedDict()
@@ -280,6 +284,8 @@ class SpeculativePipeline:
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
             self._running.append(self._waiting.popleft())
+        if self.policy is not None:
+            self._cap_candidates()
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
                          self._rotate)
         self._rotate += 1
@@ -301,6 +307,10 @@ class SpeculativePipeline:
         timings.target_ms = (time.perf_counter() - t1) * 1e3
         stats.requests = [r.id for r, _ in plan]
         stats.tokens = sum(rows for _, rows in plan)
+        if self.policy is not None:
+            self.policy.observe_target(stats.tokens, timings.target_ms)
+            if stats.draft_batch:
+                self.policy.observe_draft(stats.draft_batch, timings.draft_step_ms)
         for i, (req, rows) in enumerate(plan):
             own = StepTimings(target_ms=timings.target_ms)
             if req.id in drafted_now:
@@ -317,6 +327,19 @@ class SpeculativePipeline:
                 event.timings.total_ms = (time.perf_counter() - t0) * 1e3
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
         return events
+
+    def _cap_candidates(self) -> None:
+        """The adaptive draft policy's candidate count for every window that may open this step."""
+        live = self._running[: self.scheduler.max_num_seqs]
+        opening = [r for r in live if r.decoding and r.window is None]
+        for r in opening:
+            r.cap = None
+        fixed = sum(r.rows_wanted() for r in live if r.decoding and r.window is not None)
+        prefill = sum(r.rows_wanted() for r in live if not r.decoding)
+        k = self.policy.choose([(r.id, r.next_candidates()) for r in opening], fixed, prefill,
+                               self.scheduler.max_num_batched_tokens)
+        for r in opening:
+            r.cap = k
 
     def _reserve(self, plan: list[tuple[_Request, int]], stats: StepStats) -> list[tuple[_Request, int]]:
         """Grow every planned request's KV blocks, oldest first, preempting the newest when they run out."""
@@ -447,6 +470,8 @@ class SpeculativePipeline:
                 event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
                 event.window_accepted = req.window_accepted
                 req.metrics.split_windows += int(req.window_steps > 1)
+                if done and self.policy is not None:
+                    self.policy.observe_window(req.id, len(window) - 1, req.window_accepted)
             req.window = None
         return event
 
@@ -510,6 +535,8 @@ class SpeculativePipeline:
 
     def _finish(self, req: _Request, event: StepEvent) -> StepEvent:
         req.finish_reason = event.finish_reason
+        if self.policy is not None:
+            self.policy.forget(req.id)
         self._record(req, event)
         self.target.blocks.release(req.id)
         if self.drafts is not None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.draft_policy import POLICIES
+
 
 @dataclass
 class SchedulerConfig:
@@ -22,6 +24,7 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # requests running at once; the rest wait in the queue
     num_kv_blocks: int | None = None  # KV cache size in blocks; None: from cache_size_mb
     cache_size_mb: int = 512  # KV cache size when num_kv_blocks is None
+    draft_policy: str = "always"  # candidates per window: "always" the full count, "adaptive" (engine/draft_policy.py)
 
     def validate(self) -> "SchedulerConfig":
         """Raise ValueError naming the field and its allowed range."""
@@ -35,6 +38,9 @@ class SchedulerConfig:
                              "size the cache by cache_size_mb.")
         if not isinstance(self.cache_size_mb, int) or self.cache_size_mb < 1:
             raise ValueError(f"cache_size_mb={self.cache_size_mb!r}: use an integer >= 1 (megabytes of KV cache).")
+        if self.draft_policy not in POLICIES:
+            raise ValueError(f"draft_policy={self.draft_policy!r}: use one of {', '.join(POLICIES)} (\"adaptive\" "
+                             "drafts fewer candidates when many requests make the target's rows dear).")
         return self
 
 

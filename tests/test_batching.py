@@ -20,6 +20,7 @@ import openvino as ov
 import pytest
 
 from engine.config import GenerationConfig
+from engine.draft_policy import ADAPTIVE, CostTable
 from engine.pipeline import SpeculativePipeline
 from engine.scheduler import SchedulerConfig
 from fixtures.tiny_drafts import TRAIN_PROMPTS
@@ -608,3 +609,54 @@ def test_request_that_can_never_fit_the_cache_is_refused(tiny_qwen3_target) -> N
     out = pipe.generate(PROMPTS[0], GenerationConfig(max_new_tokens=8, ignore_eos=True), chat=False)
     assert len(out.token_ids) == 8 and pipe.kv_stats()["used_blocks"] == 0
 
+
+
+# ---- the adaptive draft policy ----------------------------------------------------------------------
+
+
+class _FrozenCost(CostTable):
+    """A cost table that ignores what the steps measure (the test decides what rows cost)."""
+
+    def observe(self, size: int, ms: float) -> None:
+        pass
+
+
+def test_adaptive_policy_stays_exact(drafted: Variant) -> None:
+    """Whatever candidate counts the policy picks from this machine's timings, output equals solo."""
+    sched = SchedulerConfig(draft_policy=ADAPTIVE)
+    arrivals = [(0, PROMPTS[i], drafted.cfg()) for i in range(4)] + [(3, PROMPTS[4], drafted.cfg())]
+    ref = [drafted.solo(p, c).token_ids for _, p, c in arrivals]
+    pipe = drafted.load(sched)
+    run = run_batch(pipe, arrivals)
+    check_common(run, sched)
+    for rid, want in zip(run.rids, ref):
+        assert run.tokens(rid) == want, f"{drafted.name}: request {rid} diverged under the adaptive policy"
+    assert pipe.policy is not None and pipe.policy.target.seen  # it measured the target's steps
+    assert pipe.policy.pooled.accepted + pipe.policy.pooled.rejected > 0  # and counted closed windows
+    assert not pipe.policy.rates  # every finished request was forgotten
+
+
+@pytest.mark.parametrize("rows_dear", [True, False])
+def test_adaptive_policy_follows_the_cost_of_rows(request, rows_dear: bool) -> None:
+    """Rows that cost in proportion: no request drafts; rows free (a flat cost per step): every window is as
+    the default policy drafts it, full. Exact both ways."""
+    v = _variant(request, "b8_trained")
+    sched = SchedulerConfig(draft_policy=ADAPTIVE)
+    arrivals = [(0, PROMPTS[i], v.cfg()) for i in range(4)]
+    ref = [v.solo(p, c).token_ids for _, p, c in arrivals]
+    pipe = v.load(sched)
+    pipe.policy.target = _FrozenCost(ms={r: (5.0 * r if rows_dear else 10.0) for r in range(1, 257)})
+    pipe.policy.draft = _FrozenCost(ms={n: 2.0 for n in range(1, 17)})
+    run = run_batch(pipe, arrivals)
+    check_common(run, sched)
+    for rid, want in zip(run.rids, ref):
+        assert run.tokens(rid) == want
+    windows = {rid: [len(e.window_drafted or []) for e in run.events[rid]] for rid in run.rids}
+    if rows_dear:
+        assert all(s.draft_batch == 0 for s in run.steps if s is not None)
+        assert not any(any(w) for w in windows.values())
+    else:  # the same windows as the default policy, which always drafts the full count
+        always = run_batch(v.load(), arrivals)
+        assert list(windows.values()) == [[len(e.window_drafted or []) for e in always.events[rid]]
+                                          for rid in always.rids]
+        assert max(max(w) for w in windows.values()) == pipe.default_num_candidates

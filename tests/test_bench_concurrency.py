@@ -227,6 +227,36 @@ def test_real_engine_and_genai_cb_rows_tie_to_engine_results(tmp_path, tiny_qwen
     assert max(n for d, n in log["in_flight"] if d is None) == 4
 
 
+def test_draft_policies_run_side_by_side_and_stay_exact(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts):
+    """--draft-policy always adaptive: every draft configuration once per policy, in one run, on one pipeline
+    whose policy state is swapped per configuration (and kept across levels)."""
+    from engine.bench.runner import default_loader
+    from engine.draft_policy import DraftPolicy
+    from fixtures.tiny_drafts import TRAIN_PROMPTS
+
+    pipes: dict = {}
+
+    def keep(target, draft, device="CPU", precision="default"):
+        p = default_loader(target, draft, device, precision)
+        pipes[p.draft_name] = p
+        return p
+
+    prompts = _prompt_file(tmp_path, list(TRAIN_PROMPTS[:4]))
+    draft = tiny_qwen3_drafts["b8_trained"]
+    spec = ConcurrencySpec(BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 16, precision="f32",
+                                     genai_target=False, genai_dflash=False), [1, 4], {}, ["always", "adaptive"])
+    res = run_concurrency(spec, loader=keep)
+    names = ["target alone (this engine)", "b8_trained (dflash_v1) n=7 (this engine)",
+             "b8_trained (dflash_v1) n=7, adaptive (this engine)"]
+    assert [(r.config, r.concurrency) for r in res.rows] == [(c, n) for n in (1, 4) for c in names]
+    assert all(r.matches_target == 4 for r in res.rows), [(r.config, r.first_differences) for r in res.rows]
+    assert res.settings["command"].endswith("--draft-policy always adaptive")
+    policy = pipes["b8_trained"].policy  # the adaptive configuration ran last
+    assert isinstance(policy, DraftPolicy) and policy.target.seen and policy.pooled.accepted > 0
+    with pytest.raises(ValueError, match="draft policy 'never'"):
+        ConcurrencySpec(spec.bench, [1], {}, ["never"]).validate()
+
+
 @pytest.mark.slow
 def test_cli_bench_concurrency_json_and_out(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts, capsys):
     from engine.cli import main

@@ -55,6 +55,7 @@ from engine.bench.runner import (ENGINE, WARMUP_TOKENS, BenchSpec, Cancel, Decod
                                  spec_command, spec_from_args)
 from engine.config import GenerationConfig
 from engine.errors import DFlashError
+from engine.draft_policy import ALWAYS, POLICIES, make_policy
 from engine.scheduler import SchedulerConfig
 
 GENAI_CB = "openvino_genai CB"
@@ -146,9 +147,13 @@ class EngineBatchRunner:
 
     engine = ENGINE
 
-    def __init__(self, pipe: Any, config: GenerationConfig) -> None:
+    def __init__(self, pipe: Any, config: GenerationConfig, draft_policy: str | None = None) -> None:
         self.pipe = pipe
         self.config = config
+        # one policy state per configuration, kept across its batches (what it learned of the costs carries
+        # over from level to level, as in an app that runs for a while); None: the pipeline's own
+        self.draft_policy = draft_policy
+        self._policy = make_policy(draft_policy) if draft_policy else None
 
     def encode(self, prompt: Prompt) -> list[int]:
         return self.pipe.encode_prompt(prompt.text, chat=prompt.chat and self.pipe.has_chat_template)
@@ -156,6 +161,8 @@ class EngineBatchRunner:
     def run(self, items: list[tuple[str, list[int]]], concurrency: int, max_new_tokens: int,
             cancel: Cancel | None = None) -> BatchRun:
         pipe = self.pipe
+        if self.draft_policy is not None and hasattr(pipe, "policy"):
+            pipe.policy = self._policy
         cfg = self.config.copy(max_new_tokens=max_new_tokens)
         pending = deque(items)
         live: dict[int, _Live] = {}
@@ -543,6 +550,7 @@ class ConcurrencySpec:
     bench: BenchSpec  # target, drafts, prompts, decodings, n, K, device, precision; genai_target = the CB peer
     levels: list[int] = field(default_factory=lambda: [1])
     scheduler: dict[str, int | None] = field(default_factory=dict)  # the options given (None: default)
+    draft_policies: list[str] = field(default_factory=lambda: [ALWAYS])  # each draft configuration runs under each
 
     def validate(self) -> "ConcurrencySpec":
         self.bench.validate()
@@ -555,6 +563,9 @@ class ConcurrencySpec:
             if k not in SCHEDULER_FIELDS:
                 raise ValueError(f"{k}: not a scheduler option ({', '.join(SCHEDULER_FIELDS)}).")
         make_scheduler(self.scheduler)  # SchedulerConfig.validate names a value out of range
+        for name in self.draft_policies or [ALWAYS]:
+            if name not in POLICIES:
+                raise ValueError(f"draft policy {name!r}: use one of {', '.join(POLICIES)}.")
         return self
 
 
@@ -571,6 +582,8 @@ def _command(spec: ConcurrencySpec) -> str:
         v = spec.scheduler.get(k)
         if v is not None:
             parts += ["--" + k.replace("_", "-"), str(v)]
+    if spec.draft_policies and spec.draft_policies != [ALWAYS]:
+        parts += ["--draft-policy", *spec.draft_policies]
     return " ".join(shlex.quote(p) if i else p for i, p in enumerate(parts))
 
 
@@ -730,10 +743,12 @@ def _plan(spec: ConcurrencySpec, target: Path, loader: Loader, say: Progress, st
                 else [None]
             for n in ns:
                 for k in ks:
-                    label = f"{path.name} ({variant or 'draft'}) n={n}" + ("" if k is None else f" K={k}")
-                    cfg = GenerationConfig(num_assistant_tokens=n, markov_head_top_k=k, **dec.config_fields())
-                    cfgs.append(_Cfg(row(f"{label} (this engine{suffix})", ENGINE, path.name, n, variant, k),
-                                     EngineBatchRunner(pipe, cfg), dec))
+                    for policy in spec.draft_policies or [ALWAYS]:
+                        label = (f"{path.name} ({variant or 'draft'}) n={n}" + ("" if k is None else f" K={k}")
+                                 + ("" if policy == ALWAYS else f", {policy}"))
+                        cfg = GenerationConfig(num_assistant_tokens=n, markov_head_top_k=k, **dec.config_fields())
+                        cfgs.append(_Cfg(row(f"{label} (this engine{suffix})", ENGINE, path.name, n, variant, k),
+                                         EngineBatchRunner(pipe, cfg, policy), dec))
 
 
 def _aggregate(cfgs: list[_Cfg], runs: dict[tuple[int, int], BatchRun], levels: list[int],
@@ -791,6 +806,9 @@ def add_concurrency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, metavar="B", help="scheduler: KV cache size in blocks")
     p.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
+    p.add_argument("--draft-policy", nargs="+", default=[ALWAYS], choices=list(POLICIES), metavar="P",
+                   help="candidates per window: 'always' the full count, 'adaptive' fewer when the step's rows "
+                        "cost more than they save (engine/draft_policy.py); several: each draft row under each")
 
 
 def scheduler_options(args: argparse.Namespace) -> dict[str, int | None]:
@@ -801,7 +819,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from engine.cli import _progress_printer
 
     bench = spec_from_args(args)
-    spec = ConcurrencySpec(bench, list(args.concurrency), scheduler_options(args))
+    spec = ConcurrencySpec(bench, list(args.concurrency), scheduler_options(args),
+                           list(getattr(args, "draft_policy", None) or [ALWAYS]))
     res = run_concurrency(spec, progress=_progress_printer())
     if args.out:
         out = Path(args.out)
