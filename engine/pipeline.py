@@ -309,8 +309,9 @@ class SpeculativePipeline:
         stats.tokens = sum(rows for _, rows in plan)
         if self.policy is not None:
             self.policy.observe_target(stats.tokens, timings.target_ms)
-            if stats.draft_batch:
-                self.policy.observe_draft(stats.draft_batch, timings.draft_step_ms)
+            if drafted_now:
+                self.policy.observe_draft(sum(len(r.window) - 1 for r, _ in plan if r.id in drafted_now),
+                                          timings.draft_step_ms)
         for i, (req, rows) in enumerate(plan):
             own = StepTimings(target_ms=timings.target_ms)
             if req.id in drafted_now:

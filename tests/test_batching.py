@@ -615,10 +615,21 @@ def test_request_that_can_never_fit_the_cache_is_refused(tiny_qwen3_target) -> N
 
 
 class _FrozenCost(CostTable):
-    """A cost table that ignores what the steps measure (the test decides what rows cost)."""
+    """A cost table that prices sizes by a function and ignores what the steps measure."""
+
+    def __init__(self, price) -> None:
+        super().__init__()
+        self.price = price
 
     def observe(self, size: int, ms: float) -> None:
         pass
+
+    def estimate(self, size: int) -> float:
+        return self.price(size) if size > 0 else 0.0
+
+    @property
+    def seen(self) -> bool:
+        return True
 
 
 def test_adaptive_policy_stays_exact(drafted: Variant) -> None:
@@ -645,8 +656,9 @@ def test_adaptive_policy_follows_the_cost_of_rows(request, rows_dear: bool) -> N
     arrivals = [(0, PROMPTS[i], v.cfg()) for i in range(4)]
     ref = [v.solo(p, c).token_ids for _, p, c in arrivals]
     pipe = v.load(sched)
-    pipe.policy.target = _FrozenCost(ms={r: (5.0 * r if rows_dear else 10.0) for r in range(1, 257)})
-    pipe.policy.draft = _FrozenCost(ms={n: 2.0 for n in range(1, 17)})
+    pipe.policy.target = _FrozenCost(lambda r: 5.0 * r if rows_dear else 10.0)
+    pipe.policy.draft = _FrozenCost(lambda n: 2.0)
+    pipe.policy.explore_every = 0
     run = run_batch(pipe, arrivals)
     check_common(run, sched)
     for rid, want in zip(run.rids, ref):

@@ -7,19 +7,25 @@ from engine.draft_policy import ADAPTIVE, ALWAYS, CostTable, DraftPolicy, expect
 from engine.scheduler import SchedulerConfig
 
 
-def test_cost_table_averages_what_it_saw_and_bounds_what_it_did_not() -> None:
-    t = CostTable(decay=0.5)
+def test_cost_table_fits_the_nearest_sizes_and_shrugs_off_slow_calls() -> None:
+    t = CostTable(keep=4, near=3)
     assert not t.seen and t.estimate(4) == 0.0
-    t.observe(4, 12.0)
-    t.observe(4, 16.0)
-    assert t.estimate(4) == pytest.approx(14.0)  # a moving average, not the last value
-    t.observe(32, 64.0)
-    assert t.estimate(8) == pytest.approx(16.0)  # 14 (4 rows, cost never falls) < 64 * 8/32 (fixed part >= 0)
-    assert t.estimate(2) == pytest.approx(7.0)  # only sizes above: the largest proportional bound (14 * 2/4)
-    assert t.estimate(40) == pytest.approx(64.0)  # only sizes below: the largest of them
+    t.observe(8, 20.0)
+    assert t.estimate(8) == pytest.approx(20.0) and t.estimate(16) == pytest.approx(30.0)  # one size: half fixed
+    for ms in (20.0, 21.0, 19.0):
+        t.observe(8, ms)
+    for ms in (36.0, 37.0, 35.0, 36.0):
+        t.observe(24, ms)
+    t.observe(16, 300.0)  # once, and slow (a first run at a new shape): left out while others were seen twice
+    assert t.estimate(16) == pytest.approx(28.0)  # 20 at 8, 36 at 24: 4 + 1 per unit
+    t.observe(24, 400.0)  # one slow call among the last four at 24: the median barely moves
+    assert t.estimate(24) == pytest.approx(36.5)
+    for ms in (150.0, 151.0):  # long prompt chunks cost less per row: the fit near 8..24 is not dragged
+        t.observe(200, ms)
+    assert t.estimate(12) == pytest.approx(24.0, abs=2.0)
     t.observe(0, 5.0)
     t.observe(3, -1.0)
-    assert set(t.ms) == {4, 32}  # nonsense sizes and times are not kept
+    assert 0 not in t.samples and 3 not in t.samples  # nonsense sizes and times are not kept
 
 
 def test_expected_tokens_is_the_geometric_sum() -> None:
@@ -29,10 +35,10 @@ def test_expected_tokens_is_the_geometric_sum() -> None:
 
 
 def _policy(target_ms, draft_ms: float) -> DraftPolicy:
-    p = DraftPolicy()
+    p = DraftPolicy(explore_every=0)
     for rows in range(1, 65):
         p.observe_target(rows, target_ms(rows))
-    for n in range(1, 17):
+    for n in range(1, 65):
         p.observe_draft(n, draft_ms)
     return p
 
@@ -77,6 +83,13 @@ def test_acceptance_is_counted_per_request_from_a_pooled_prior() -> None:
 def test_unknown_costs_draft_the_full_count_and_no_opening_window_is_zero() -> None:
     assert DraftPolicy().choose([(0, 5), (1, 3)], 0, 0, 256) == 5
     assert _policy(lambda r: r, 1.0).choose([], 4, 0, 256) == 0
+
+
+def test_every_so_often_the_next_count_in_turn_is_tried() -> None:
+    p = _policy(lambda r: 2.5 * r, 3.0)  # dear rows: the choice is 0
+    p.explore_every = 4
+    picks = [p.choose([(0, 3), (1, 3)], 0, 0, 256) for _ in range(16)]
+    assert picks == [0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0]  # counts 1, 2, 3, 0 measured again
 
 
 def test_scheduler_setting_picks_the_policy() -> None:
