@@ -2,8 +2,9 @@
 
 With one request in flight a window of 1 + n rows costs the target little more than one row, so
 drafting pays (1.8x on HumanEval). With many in flight the CPU's cost grows with the rows: at 8
-requests each window's extra rows cost more than its accepted tokens save, and drafting runs at
-0.79x of the target alone (docs/benchmarks.md, "Continuous batching"). The adaptive policy picks,
+requests a full window of 8 candidates costs more than its accepted tokens save (the round-7 DSpark
+draft at n=8: 0.81x of the target alone; docs/benchmarks.md, "Continuous batching"). The adaptive
+policy picks,
 every step, one candidate count k for the windows that open in it, the one with the most expected
 tokens per millisecond, from three online estimates:
 
@@ -19,7 +20,8 @@ Every `explore_every`-th choice tries the next count in turn instead, so the cos
 policy stopped choosing are measured again (a CPU's costs drift with what else runs).
 
 Greedy output does not depend on k (every committed token is the target's own), so the policy
-changes speed only. engine/ holds it; the scheduler's `draft_policy` setting picks it.
+changes speed only. The scheduler's `draft_policy` setting picks it; it is opt-in, because on a
+2-core CPU it gains and loses by about as much as the step times wander (docs/batching.md).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ POLICIES = (ALWAYS, ADAPTIVE)
 
 @dataclass
 class CostTable:
-    """Milliseconds by size (rows of a target step, or requests of a draft call): a local affine fit,
+    """Milliseconds by size (rows of a target step, or candidate rows of a draft call): a local affine fit,
     fixed + per-unit cost (both >= 0), over the `near` sizes closest to the one asked for, each
     priced at the median of its last `keep` times and weighted by how often it was seen; sizes seen
     only once are left out while others were seen twice. Local, because a CPU prices a row of a long
