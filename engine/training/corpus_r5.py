@@ -246,15 +246,18 @@ def filter_magpie(samples: Sequence[Sequence[int] | None], eos_id: int, decode: 
 
 
 def merge_round_file(held: Sequence[PromptRow], new_blocks: Sequence[Sequence[PromptRow]],
-                     extra_per_kind: int, old_train: Sequence[PromptRow], seed: int = 0) -> list[PromptRow]:
+                     extra_per_kind: int | Sequence[int], old_train: Sequence[PromptRow],
+                     seed: int = 0) -> list[PromptRow]:
     """The round's ordered prompt file: the old held-out rows first (unchanged), then `extra_per_kind`
-    rows of each new kind (held out by the job's --extra-heldout), then the rest of the new rows
-    interleaved at random, then the old training rows (so the feature cap trims old rows first)."""
+    rows of each new kind (held out by the job's --extra-heldout; one count for every block, or one
+    per block), then the rest of the new rows interleaved at random, then the old training rows (so
+    the feature cap trims old rows first)."""
     rng = random.Random(seed)
+    counts = [extra_per_kind] * len(new_blocks) if isinstance(extra_per_kind, int) else list(extra_per_kind)
     extra, rest = [], []
-    for block in new_blocks:
-        extra += list(block[:extra_per_kind])
-        rest += list(block[extra_per_kind:])
+    for block, n in zip(new_blocks, counts, strict=True):
+        extra += list(block[:n])
+        rest += list(block[n:])
     rng.shuffle(rest)
     return list(held) + extra + rest + list(old_train)
 

@@ -83,15 +83,22 @@ def primed_rows(plan: Sequence[tuple[str, str]], samples: Sequence[Sequence[int]
     return rows, stats
 
 
+def split_base(old: Sequence[PromptRow], heldout: int,
+               recent_kinds: Sequence[str]) -> tuple[list[PromptRow], list[list[PromptRow]], list[PromptRow]]:
+    """An earlier rounds' answers cache, in its order: (the held-out rows, the rows of each recent kind,
+    the older rows)."""
+    rest = old[heldout:]
+    return (list(old[:heldout]), [[r for r in rest if r.kind == k] for k in recent_kinds],
+            [r for r in rest if r.kind not in recent_kinds])
+
+
 def round_file(old: Sequence[PromptRow], new: Sequence[PromptRow], heldout: int, recent_kinds: Sequence[str],
                extra_per_kind: int, seed: int) -> tuple[list[PromptRow], dict]:
     """The round's ordered prompt file: the earlier rounds' held-out rows first (unchanged), then the
     extra held-out rows (the first `extra_per_kind` of each recent kind, in the base's order, so round
     5's extra rows stay the same; then of the new rows), then the recent and new training rows
     shuffled together, then the older rows (the feature cap trims those first)."""
-    held = list(old[:heldout])
-    recent = [[r for r in old[heldout:] if r.kind == k] for k in recent_kinds]
-    older = [r for r in old[heldout:] if r.kind not in recent_kinds]
+    held, recent, older = split_base(old, heldout, recent_kinds)
     merged = merge_round_file(held, recent + [list(new)], extra_per_kind, older, seed)
     return merged, {"held": len(held), "recent": {k: len(b) for k, b in zip(recent_kinds, recent)},
                     "older": len(older), "new": len(new)}

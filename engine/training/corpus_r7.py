@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from engine.training import corpus
 from engine.training.corpus import PromptRow
-from engine.training.corpus_r5 import _answers_rows, add_sampler_args, words
-from engine.training.corpus_r6 import OPENERS, sample_primed
+from engine.training.corpus_r5 import _answers_rows, add_sampler_args, merge_round_file, words
+from engine.training.corpus_r6 import OPENERS, sample_primed, split_base
 
 # Round 7's task-type shares: role-play level with writing (round 6: 0.50 / 0.40 / 0.10).
 SHARES: dict[str, float] = {"writing": 0.45, "roleplay": 0.45, "ask": 0.10}
@@ -74,14 +73,11 @@ def round_file(old: Sequence[PromptRow], new: Sequence[PromptRow], heldout: int,
     extra rows stay the same and before/after numbers compare), then the other recent rows and the
     new rows shuffled together, then the older rows (the feature cap trims those first). The new rows
     give no extra held-out rows of their own: they share the kind ``primed`` with round 6's."""
-    held = list(old[:heldout])
-    recent = [[r for r in old[heldout:] if r.kind == k] for k in recent_kinds]
-    older = [r for r in old[heldout:] if r.kind not in recent_kinds]
-    extra = [r for block in recent for r in block[:extra_per_kind]]
-    rest = [r for block in recent for r in block[extra_per_kind:]] + list(new)
-    random.Random(seed).shuffle(rest)
-    return held + extra + rest + older, {"held": len(held), "extra": len(extra), "older": len(older),
-                                         "recent": {k: len(b) for k, b in zip(recent_kinds, recent)}, "new": len(new)}
+    held, recent, older = split_base(old, heldout, recent_kinds)
+    merged = merge_round_file(held, recent + [list(new)], [extra_per_kind] * len(recent) + [0], older, seed)
+    extra = sum(min(extra_per_kind, len(b)) for b in recent)
+    return merged, {"held": len(held), "extra": extra, "older": len(older),
+                    "recent": {k: len(b) for k, b in zip(recent_kinds, recent)}, "new": len(new)}
 
 
 def sample_main(args: argparse.Namespace) -> int:
