@@ -328,8 +328,8 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         elapsed = time.perf_counter() - t_start
         p_time = p0 + (1 - p0) * elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0
         state["progress"] = max(state["progress"], state["step"] / cfg.steps, p_time)
-        if world.active:  # the ranks' clocks differ: all stop at the same step (and use the same lr)
-            state["progress"] = ddp.agree_max(world, [state["progress"]], dev)[0]
+        # the ranks' clocks differ: all stop at the same step (and use the same lr)
+        state["progress"] = ddp.agree_max(world, [state["progress"]], dev)[0]
         if state["progress"] >= 1.0:
             break
         lr = cfg.lr * lr_factor(state["step"], state["progress"], cfg.warmup, cfg.min_lr_ratio)
@@ -380,8 +380,7 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
             run[k] = run.get(k, 0.0) + v.float()
         run_n += 1
         if state["step"] % cfg.log_every == 0 or state["step"] == start_step + 1:
-            if world.active:  # the same steps on every rank: the loss over all ranks' batches
-                run = ddp.mean_over_ranks(world, run, dev)
+            run = ddp.mean_over_ranks(world, run, dev)  # the same steps on every rank: over all ranks' batches
             means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
             run, run_n = {}, 0
             state["losses"].append((state["step"], means["loss"], means))
@@ -393,8 +392,7 @@ def train_dspark(draft: Draft, data: FlatData, train_rows: torch.Tensor, embed: 
         if cfg.save_every and state["step"] % cfg.save_every == 0:
             save()
     if run_n:
-        if world.active:
-            run = ddp.mean_over_ranks(world, run, dev)
+        run = ddp.mean_over_ranks(world, run, dev)
         means = {k: round(float(v) / run_n, 5) for k, v in run.items()}
         state["losses"].append((state["step"], means["loss"], means))
     state["seconds"] += time.perf_counter() - t_start
@@ -829,8 +827,7 @@ def _job(args: argparse.Namespace, world: World, dev: torch.device, t_job: float
     budget = None
     if args.deadline:
         budget = t_job + args.deadline - args.reserve - time.time()
-        if world.active:  # the shortest over the ranks: all stop (and refuse) together
-            budget = -ddp.agree_max(world, [-budget], dev)[0]
+        budget = -ddp.agree_max(world, [-budget], dev)[0]  # the shortest over the ranks: all stop (and refuse) together
         log(f"training time budget: {budget:.0f}s")
         if budget < 5:
             raise SystemExit("no time left to train")
