@@ -1,17 +1,30 @@
-"""`dflash-studio` command line: gui, generate, bench, export, prepare, devices."""
+"""`dflash-studio` command line: gui, generate, bench, export, prepare, draft-vocab, devices.
+
+Every expected failure (bad input, a bad or unreadable file, a folder that cannot be written) ends
+in `main`'s one error boundary: a short message that says what is wrong and what to do, exit code
+2; a traceback means a bug. stdout carries only a command's result (text, JSON, a path).
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
-from engine.errors import DFlashError
+from engine import __version__
+from engine.errors import DFlashError, DraftMismatchError
+
+_line_open = False  # a progress line is drawn on stderr without its newline yet
 
 
 def _progress_printer(quiet: bool = False):
     """A progress callback that draws one updating line on stderr."""
     def show(message: str, fraction: float | None = None) -> None:
+        global _line_open
         if quiet:
             return
         bar = ""
@@ -19,9 +32,42 @@ def _progress_printer(quiet: bool = False):
             filled = int(max(0.0, min(1.0, fraction)) * 30)
             bar = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}% "
         print(f"\r{bar}{message[:80]:<80}", end="", file=sys.stderr, flush=True)
+        _line_open = True
         if fraction is not None and fraction >= 1.0:
             print(file=sys.stderr)
+            _line_open = False
     return show
+
+
+def _say(message: str) -> None:
+    """A line the person should read (a folder moved aside, a file kept), on stderr, not under a progress bar."""
+    global _line_open
+    print(("\n" if _line_open else "") + f"dflash-studio: {message}", file=sys.stderr, flush=True)
+    _line_open = False
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout meanwhile (libraries' tables and warnings, child processes) to
+    stderr, at the file-descriptor level, so that stdout carries only the result."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all (a windowed app): nothing to protect
+        yield
+        return
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _device_name(text: str) -> str:
+    """OpenVINO device names are upper case (CPU, GPU.1); `cpu` means CPU."""
+    return text.strip().upper()
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
@@ -33,8 +79,13 @@ def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
         target = default_target_dir()
         if not is_prepared(target):
-            raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
-                              "`dflash-studio prepare` first, or pass --target DIR.")
+            from engine.bundled import has_bundled_default, install_default
+
+            if not has_bundled_default():
+                raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
+                                  "`dflash-studio prepare` first, or pass --target DIR.")
+            _say(f"First run: installing the bundled default model into {target.parent} (once).")
+            install_default(progress=_progress_printer(), notice=_say)
     if args.draft is None:
         from engine.paths import best_draft_dir
 
@@ -59,7 +110,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
-    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision)
+    scheduler = None
+    if args.cache_size_mb is not None:
+        from engine.scheduler import SchedulerConfig
+
+        scheduler = SchedulerConfig(cache_size_mb=args.cache_size_mb)
+    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
 
     def stream(event) -> None:
         if not args.json:
@@ -80,14 +136,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from engine.prepare import prepare_default
+    """Build the embedded default (source checkout) or install the bundled one (the installed app,
+    which has no torch to build with); stdout is the prepared folder's path and nothing else."""
+    progress = _progress_printer(args.quiet)
+    with _stdout_to_stderr():
+        if getattr(sys, "frozen", False):
+            from engine.bundled import bundled_weight_format, install_default
 
-    path = prepare_default(force=args.force, weight_format=args.weight_format, progress=_progress_printer(args.quiet))
-    print(path)
+            fmt = bundled_weight_format()
+            if fmt and args.weight_format != fmt:
+                raise DFlashError(f"The installed app carries the default model as {fmt} only; other weight formats "
+                                  "need `dflash-studio prepare` from a source checkout (docs/installer.md).")
+            path = install_default(force=args.force, progress=progress, notice=_say)
+        else:
+            from engine.prepare import prepare_default
+
+            path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress,
+                                   notice=_say)
+    print(path, flush=True)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from engine.inspect_folder import inspect_hf_folder
+    from engine.paths import check_writable
+
+    info = inspect_hf_folder(Path(args.input))  # before minutes of conversion, not after
+    if not info.usable:
+        raise DFlashError(f"{args.input} cannot be exported: {info.reason or info.title}")
+    if info.model_kind != args.kind:
+        raise DFlashError(f"{args.input} holds a {info.model_kind} ({info.title}), not a {args.kind}: pass "
+                          f"--kind {info.model_kind}.")
+    check_writable(Path(args.output).absolute().parent, "The output's parent folder")
     show = _progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
@@ -104,9 +184,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_draft_vocab(args: argparse.Namespace) -> int:
     """Write draft_vocabulary.json: the draft's lm_head then scores only the most frequent answer tokens."""
-    from engine.models.draft_vocab import count_answer_tokens, read_answer_rows, write_draft_vocabulary
+    from engine.models.draft_vocab import VOCAB_FILE, count_answer_tokens, read_answer_rows, write_draft_vocabulary
     from engine.models.tokenizer import TextTokenizer
 
+    from engine.models.files import check_folder, read_json_object
+    from engine.prepare import record_user_file
+
+    draft = check_folder(Path(args.draft), "Draft folder", "give the draft folder (exported, or its checkpoint).")
+    vocab = args.vocab_size
+    if not vocab:
+        config = read_json_object(draft / "config.json", "pass --vocab-size, or give the draft folder.")
+        vocab = config.get("vocab_size")
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+            raise ValueError(f"{draft / 'config.json'} does not say vocab_size as a whole number: pass --vocab-size")
     rows: list[list[int]] = []
     for path in args.answers or []:
         rows += read_answer_rows(Path(path), args.field)
@@ -114,18 +204,23 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
         if not args.target:
             raise ValueError("--text needs --target: the target's tokenizer turns the text into token ids")
         tok = TextTokenizer(Path(args.target))
-        rows += [tok.encode(Path(t).read_text(encoding="utf-8"), add_special_tokens=False) for t in args.text]
+        for t in args.text:
+            try:
+                text = Path(t).read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{t} is not UTF-8 text (byte {exc.start}): give the answers as UTF-8 text.") from exc
+            rows.append(tok.encode(text, add_special_tokens=False))
     if not rows:
         raise ValueError("no answers: give --answers FILE.jsonl[.gz] (token-id rows) and/or --text FILE with --target")
-    vocab = args.vocab_size or json.loads((Path(args.draft) / "config.json").read_text()).get("vocab_size")
-    if not vocab:
-        raise ValueError("the draft's config.json does not say vocab_size: pass --vocab-size")
     held = rows[: args.heldout]
-    record = write_draft_vocabulary(Path(args.draft), count_answer_tokens(rows[args.heldout:], int(vocab)), args.size,
+    record = write_draft_vocabulary(draft, count_answer_tokens(rows[args.heldout:], vocab), args.size,
                                     source=", ".join(map(str, (args.answers or []) + (args.text or []))),
-                                    heldout=count_answer_tokens(held, int(vocab)) if held else None)
+                                    heldout=count_answer_tokens(held, vocab) if held else None)
+    kept = record_user_file(draft, VOCAB_FILE)
     print(f"{record['size']} ids, coverage {record['coverage']:.4f}"
           + (f", held-out coverage {record['heldout_coverage']:.4f}" if "heldout_coverage" in record else ""))
+    if kept:
+        _say(f"{draft / VOCAB_FILE} is recorded as yours: `dflash-studio prepare` keeps it.")
     return 0
 
 
@@ -144,7 +239,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench.runner import run_cli
+    from engine.models.draft import check_draft_fits
+    from engine.paths import check_writable
 
+    if args.out:
+        check_writable(Path(args.out), "The --out folder")  # before the run, not after it
+    chosen = [d for d in ([args.draft] if isinstance(args.draft, str) else args.draft or []) if d.lower() != "none"]
+    if chosen:
+        target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
+        for d in chosen:
+            reasons = check_draft_fits(target, Path(d))
+            if reasons:
+                raise DraftMismatchError(f"Draft {d} does not fit target {target.name}, so it cannot be benchmarked "
+                                         "against it:\n- " + "\n- ".join(reasons))
     return run_cli(args)
 
 
@@ -155,7 +262,8 @@ def cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__)
+    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"dflash-studio {__version__}")
     sub = p.add_subparsers(dest="command")
 
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
@@ -169,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             sp.add_argument("--draft", help="draft folder, or 'none' for the target alone (default: the best "
                                              "prepared draft)")
-        sp.add_argument("--device", default="CPU", help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
+        sp.add_argument("--device", default="CPU", type=_device_name,
+                        help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
         sp.add_argument("--precision", choices=["default", "f32"], default="default",
                         help="f32 pins exact inference (f32, f32 KV cache, no dynamic quantization)")
 
@@ -193,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--presence-penalty", type=float, default=0.0)
     gen.add_argument("--frequency-penalty", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None, help="random seed (sampling)")
+    gen.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
+                     help="KV cache size (default 512 MB): raise it for a long prompt + --max-new-tokens")
     gen.add_argument("--json", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
@@ -233,8 +344,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def describe_error(exc: BaseException) -> str:
+    """The message for an expected failure: what is wrong, with the file it concerns, and what to do."""
+    if isinstance(exc, OSError) and not isinstance(exc, DFlashError) and exc.errno is not None:
+        where = f": {exc.filename}" if exc.filename else ""
+        if exc.filename2:
+            where += f" -> {exc.filename2}"
+        fix = {errno.ENOENT: "check the path.",
+               errno.EACCES: "you may not read or write there: fix its permissions or choose another path.",
+               errno.EPERM: "you may not read or write there: fix its permissions or choose another path.",
+               errno.EROFS: "the disk is read-only: choose a folder on a writable disk.",
+               errno.ENOSPC: "the disk is full: free some space and run it again.",
+               errno.ENOTDIR: "a file stands where a folder should be: choose another path.",
+               errno.EISDIR: "give a file, not a folder."}.get(exc.errno, "check the path and try again.")
+        return f"{exc.strerror or exc}{where}; {fix}"
+    return str(exc).strip() or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _line_open
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"dflash-studio {__version__}")
+        return 0
     if not argv or argv[0] == "gui" or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         # The app parses its own options (--target, --draft, --device, ...) and leaves the rest to Qt.
         return cmd_gui(argparse.Namespace(qt_args=argv[1:] if argv and argv[0] == "gui" else argv))
@@ -243,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:
         return args.func(args)
-    except (DFlashError, ValueError) as exc:
-        print(f"dflash-studio: {exc}", file=sys.stderr)
+    except (DFlashError, ValueError, OSError) as exc:  # the one boundary: bad input and bad files, never bugs
+        print(("\n" if _line_open else "") + f"dflash-studio: {describe_error(exc)}", file=sys.stderr, flush=True)
+        _line_open = False
         return 2
     except KeyboardInterrupt:
         return 130

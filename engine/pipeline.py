@@ -17,8 +17,9 @@ import numpy as np
 import openvino as ov
 
 from engine.config import GenerationConfig
+from engine.context import check_fits_context, context_length, fit_chat
 from engine.devices import NPU_NOTICE
-from engine.errors import DeviceError, DraftMismatchError
+from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
 from engine.draft_policy import make_policy
 from engine.drafting.draft_batch import DraftCall
@@ -26,6 +27,7 @@ from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
+from engine.models.files import openvino_reason
 from engine.models.properties import compile_properties
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.target import check_target_dir
@@ -46,6 +48,17 @@ class GenerationResult:
     finish_reason: str
     metrics: RequestMetrics
     cumulative_logprob: float | None = None  # under the processed target distribution (logits requests)
+
+
+@dataclass
+class _Finished:
+    """What a finished request keeps: its results and metrics (its rows, proposals and logits go)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    cumulative_logprob: float | None
 
 
 @dataclass
@@ -118,7 +131,8 @@ class SpeculativePipeline:
         self.policy = make_policy(self.scheduler.draft_policy) if self.drafts is not None else None
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
-        self._finished: OrderedDict[int, _Request] = OrderedDict()
+        self._finished: OrderedDict[int, _Finished] = OrderedDict()
+        self.context_length = context_length(getattr(target, "config", None) or {})
         self._next_id = 0
         self._rotate = 0
         self.last_step = StepStats()
@@ -130,6 +144,7 @@ class SpeculativePipeline:
         """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix."""
         core = core or ov.Core()
         target_dir = Path(target_dir)
+        device = device.strip().upper()  # OpenVINO's names are upper case; "cpu" means CPU
         check_target_dir(target_dir)
         scheduler = (scheduler or SchedulerConfig()).validate()
         if device.upper().startswith("NPU"):
@@ -153,8 +168,10 @@ class SpeculativePipeline:
                                  scheduler.cache_size_mb)
             draft = DraftModel(info, target_dir, core, device, props) if info else None
         except RuntimeError as exc:
-            raise DeviceError(f"Could not compile the models on {device}: {str(exc).strip().splitlines()[-1]}. "
-                              "Try CPU, or a smaller model / weight format for this device.") from exc
+            fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
+                   "folders again" if device == "CPU" else "try CPU, or a smaller model / weight format for this device")
+            raise DeviceError(f"Could not compile the models on {device}: {openvino_reason(exc)}. "
+                              f"{fix[0].upper()}{fix[1:]}.") from exc
         return cls(target, TextTokenizer(target_dir), draft, precision, scheduler)
 
     # ---- properties the app shows -------------------------------------------------------------
@@ -195,12 +212,37 @@ class SpeculativePipeline:
             return self.tokenizer.encode(self.tokenizer.chat_prompt(items), add_special_tokens=False)
         return [int(t) for t in items]
 
+    def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
+        """The chat messages that fit the target's context with max_new_tokens to spare, and how many of
+        the oldest turns were left out (engine/context.py)."""
+        return fit_chat(messages, lambda m: len(self.encode_prompt(m)), self.context_length, max_new_tokens)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int, candidates: int | None = None) -> None:
+        """ContextLengthError when a request of this size cannot run: the target's context, then the KV cache
+        (`candidates` per window: the draft's default when None)."""
+        check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
+        blocks = self.target.blocks
+        extra = (self.default_num_candidates if candidates is None else candidates) + 1  # the last window's rows
+        need = blocks.blocks_for(prompt_tokens + max_new_tokens + extra)
+        if need <= blocks.num_blocks:
+            return
+        held = blocks.num_blocks * blocks.block_size
+        per_block = getattr(self.target, "bytes_per_block", 0)
+        bigger = (f"--cache-size-mb {-(-need * per_block // (1 << 20))} (SchedulerConfig.cache_size_mb from Python)"
+                  if per_block else "a bigger SchedulerConfig.cache_size_mb")
+        raise ContextLengthError(
+            f"This request needs {prompt_tokens + max_new_tokens + extra:,} tokens of KV cache ({prompt_tokens:,} "
+            f"prompt + {max_new_tokens:,} new + {extra} for the last draft window), but the KV cache holds "
+            f"{held:,} tokens: lower max_new_tokens to {max(1, held - prompt_tokens - extra):,} or less, shorten "
+            f"the prompt, or give a bigger cache: {bigger}.")
+
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
         ids = self.encode_prompt(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
         n, top_k = self._draft_settings(config)
+        self.check_fits(len(ids), config.max_new_tokens, n)
         rid = self._next_id
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
@@ -213,13 +255,6 @@ class SpeculativePipeline:
             req.rng = np.random.default_rng(seed)
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
         req.feed = list(ids)
-        blocks = self.target.blocks
-        need = blocks.blocks_for(len(ids) + config.max_new_tokens + n + 1)
-        if need > blocks.num_blocks:
-            raise ValueError(
-                f"This request needs up to {need} KV blocks ({len(ids)} prompt + {config.max_new_tokens} new tokens), "
-                f"but the cache has {blocks.num_blocks} of {blocks.block_size} tokens: raise num_kv_blocks / "
-                "cache_size_mb, or shorten the prompt or max_new_tokens.")
         self._waiting.append(req)
         return rid
 
@@ -264,9 +299,9 @@ class SpeculativePipeline:
         return req.metrics
 
     def result(self, request_id: int) -> GenerationResult:
-        req = self._finished[request_id]
-        return GenerationResult(req.detok.text, list(req.generated), req.finish_reason or "", req.metrics,
-                                req.cumulative_logprob if req.processor is not None else None)
+        done = self._finished[request_id]
+        return GenerationResult(done.text, list(done.token_ids), done.finish_reason, done.metrics,
+                                done.cumulative_logprob)
 
     def kv_stats(self) -> dict[str, int]:
         """The KV cache's size and use, in blocks."""
@@ -546,7 +581,8 @@ class SpeculativePipeline:
             self._running.remove(req)
         else:
             self._waiting.remove(req)
-        self._finished[req.id] = req
+        self._finished[req.id] = _Finished(req.detok.text, req.generated, req.finish_reason or "", req.metrics,
+                                           req.cumulative_logprob if req.processor is not None else None)
         while len(self._finished) > _KEEP_FINISHED:
             self._finished.popitem(last=False)
         return event

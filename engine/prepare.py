@@ -23,12 +23,14 @@ import re
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from engine.errors import ModelFolderError
 from engine.export.target import package_versions, swap_into_place
+from engine.models.draft_vocab import VOCAB_FILE
 from engine.paths import default_target_dir, models_dir
 
 if TYPE_CHECKING:
@@ -62,6 +64,9 @@ SANITY_ANSWER = "Paris"
 EXACT_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
 Progress = Callable[[str, float], None]
+Notice = Callable[[str], None]  # something the person should read (a folder moved aside, a file kept)
+# Files a person makes in a prepared draft folder (`dflash-studio draft-vocab`): kept across rebuilds.
+USER_FILES = (VOCAB_FILE,)
 _VERSIONED = ("openvino", "openvino-tokenizers", "optimum-intel", "transformers", "torch", "gguf", "tokenizers")
 
 
@@ -85,22 +90,27 @@ def prepare_default(
     force: bool = False,
     weight_format: str = "int8",
     progress: Progress | None = None,
+    notice: Notice | None = None,
 ) -> Path:
     """Build (or reuse) SmolLM2-135M-Instruct in default_target_dir() and return that folder.
 
     Skips work whose marker is valid (HF folder and IR separately); `force` rebuilds both.
-    A folder with a different weight_format is rebuilt in the requested one.
+    A folder with a different weight_format is rebuilt in the requested one. A folder that holds
+    files a person changed or added is moved aside before it is rebuilt (`notice` says where).
     """
     from engine.export.target import WEIGHT_FORMATS
+    from engine.paths import check_writable
 
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: use one of {', '.join(WEIGHT_FORMATS)}.")
     say = progress or (lambda _m, _f: None)
+    tell = notice or log.warning
     target, hf_dir = default_target_dir(), default_hf_dir()
+    check_writable(target.parent, "The models folder")  # before minutes of work, not after
     _clean_stale_staging(target.parent)
 
-    if not force and is_prepared(target) and _read_marker(target).get("weight_format") == weight_format:
-        prepare_drafts(target, force=False, progress=say)
+    if not force and is_prepared(target) and read_marker(target).get("weight_format") == weight_format:
+        prepare_drafts(target, force=False, progress=say, notice=tell)
         say(f"Already prepared: {target}", 1.0)
         return target
 
@@ -110,6 +120,7 @@ def prepare_default(
     verify_gguf(gguf_path)
 
     if force or not is_prepared(hf_dir):
+        set_aside_user_work(hf_dir, tell)
         build_hf_folder(gguf_path, hf_dir, progress=lambda m, f: say(m, 0.02 + 0.38 * f))
     else:
         say(f"Reusing the Hugging Face folder {hf_dir}", 0.40)
@@ -117,8 +128,9 @@ def prepare_default(
     from engine.export.target import export_target
 
     say(f"Exporting to OpenVINO ({weight_format})", 0.40)
-    # A stale marker must not vouch for the new files while they are being replaced.
-    (target / MARKER).unlink(missing_ok=True)
+    # The export replaces the whole folder at its end (its marker goes with it), so an export that
+    # fails leaves the previous build as it was; what a person changed in it is moved aside first.
+    set_aside_user_work(target, tell)
     # export_target reports 4 stages; the conversion (first) takes most of the time.
     stage_fractions = iter((0.42, 0.70, 0.78, 0.84))
     export_target(hf_dir, target, weight_format=weight_format, progress=lambda m: say(m, next(stage_fractions, 0.84)))
@@ -136,7 +148,7 @@ def prepare_default(
 
     write_marker(target, extra={"weight_format": weight_format, "source": _source_info(gguf_path),
                                 "sanity_answer": answer, "seconds": round(time.perf_counter() - started, 1)})
-    prepare_drafts(target, force=force, progress=say)
+    prepare_drafts(target, force=force, progress=say, notice=tell)
     say(f"Prepared {target}", 1.0)
     return target
 
@@ -154,38 +166,68 @@ def shipped_drafts() -> list[Path]:
     return sorted(p for p in SHIPPED_DRAFTS.iterdir() if (p / "config.json").is_file())
 
 
-def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None) -> list[Path]:
+def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None,
+                   notice: Notice | None = None) -> list[Path]:
     """Export every shipped draft for the prepared target into default_drafts_dir(); mark the best.
 
     A draft folder is reused while its marker is valid and names the same source checkpoint; the
     default draft (`best.txt`) is the one resources/drafts/DEFAULT names, else the first shipped.
     Each export is checked against the target (check_draft_fits) before it is marked.
+    What a person made in a draft folder is never deleted: a draft_vocabulary.json of theirs
+    (USER_FILES, from `dflash-studio draft-vocab`) is kept, across re-exports too; any other change
+    moves the folder aside before the re-export (`notice` says where).
     """
     from engine.export.draft import export_draft
     from engine.models.draft import check_draft_fits
-    from engine.models.draft_vocab import VOCAB_FILE
     from engine.paths import default_drafts_dir
 
     say = progress or (lambda _m, _f: None)
+    tell = notice or log.warning
     out: list[Path] = []
     for src in shipped_drafts():
         dest = default_drafts_dir() / src.name
         source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
-        marker = _read_marker(dest) if is_prepared(dest) else {}
-        if (not force and marker.get("source_sha256") == source
-                and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT):
+        marker = read_marker(dest)
+        extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT}
+        current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
+                   and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT)
+        changes = folder_changes(dest)
+        if not force and current and changes is not None and not changes.missing and not changes.others:
+            if changes.mine:  # the person's own draft_vocabulary.json in an intact export: keep it
+                reasons = check_draft_fits(target, dest)
+                if reasons:
+                    tell(f"Your {', '.join(changes.mine)} in {dest} does not fit this draft, so the draft is not "
+                         f"offered until you delete it or write it again: {'; '.join(reasons)}")
+                    continue
+                write_marker(dest, extra={**extra, "user_files": sorted(set(changes.recorded) | set(changes.mine))})
+                tell(f"Kept your {', '.join(changes.mine)} in {dest} (it differs from the shipped one; delete it "
+                     "and run prepare again to get the shipped one back).")
             out.append(dest)
             continue
         say(f"Exporting the shipped draft {src.name}", 0.95)
-        (dest / MARKER).unlink(missing_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
+        carried = set_aside_user_work(dest, tell, keep=USER_FILES)
         export_draft(src, dest, weight_format=DRAFT_WEIGHT_FORMAT)
+        for rel, data in carried.items():
+            (dest / rel).write_bytes(data)
         reasons = check_draft_fits(target, dest)
+        if reasons and carried:
+            aside = _aside_path(dest)
+            aside.mkdir(parents=True)
+            for rel in carried:  # not theirs to lose: saved beside the draft, the shipped file back in place
+                (aside / rel).write_bytes(carried[rel])
+                (dest / rel).unlink()
+                if (src / rel).is_file():
+                    shutil.copy2(src / rel, dest / rel)
+                tell(f"Your {rel} does not fit the new export of {src.name} ({'; '.join(reasons)}): saved it to "
+                     f"{aside / rel} and used the shipped one.")
+            carried = {}
+            reasons = check_draft_fits(target, dest)
         if reasons:
             shutil.rmtree(dest)
             raise ModelFolderError(f"The shipped draft {src.name} does not fit the prepared target: {'; '.join(reasons)}")
-        write_marker(dest, extra={"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT})
+        if carried:
+            tell(f"Kept your {', '.join(carried)} in the new export of {src.name} ({dest}).")
+        write_marker(dest, extra={**extra, "user_files": sorted(carried)} if carried else extra)
         out.append(dest)
     if out:
         wanted = (SHIPPED_DRAFTS / "DEFAULT").read_text().strip() if (SHIPPED_DRAFTS / "DEFAULT").is_file() else ""
@@ -193,6 +235,90 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         (default_drafts_dir() / "best.txt").write_text(best.name + "\n", encoding="utf-8")
     return out
 
+
+def record_user_file(folder: Path, rel: str) -> bool:
+    """After a person wrote `rel` (one of USER_FILES) into a prepared folder: mark the folder again with
+    that file as theirs, so it stays prepared and prepare keeps the file. False when the folder has no
+    valid marker or holds other changes (prepare then decides, and keeps the file)."""
+    changes = folder_changes(Path(folder))
+    if changes is None or rel not in USER_FILES or changes.missing or changes.others:
+        return False
+    marker = read_marker(Path(folder))
+    extra = {k: v for k, v in marker.items() if k not in ("builder", "builder_version", "created", "versions", "files")}
+    extra["user_files"] = sorted(set(changes.recorded) | set(changes.mine) | {rel})
+    write_marker(Path(folder), extra=extra)
+    return True
+
+
+@dataclass
+class FolderChanges:
+    """How a built folder differs from its completion marker (paths relative to the folder)."""
+
+    changed: list[str]  # listed, but another size or checksum
+    missing: list[str]  # listed, gone
+    added: list[str]  # not listed: put there after the build
+    recorded: list[str]  # the marker's user_files: made by the person, kept across rebuilds
+
+    @property
+    def mine(self) -> list[str]:
+        """Changed or added files that are the person's to make (USER_FILES)."""
+        return [r for r in self.changed + self.added if r in USER_FILES]
+
+    @property
+    def others(self) -> list[str]:
+        """Changed or added files that a rebuild would replace: the folder is moved aside first."""
+        return [r for r in self.changed + self.added if r not in USER_FILES]
+
+
+def folder_changes(folder: Path) -> FolderChanges | None:
+    """The folder's differences from its marker; None when there is no folder or no readable marker
+    (a partial build of ours: nothing in it is a person's)."""
+    marker = read_marker(folder) if folder.is_dir() else {}
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return None
+    changed, missing = [], []
+    for rel, info in files.items():
+        f = folder / rel
+        try:
+            if not f.is_file():
+                missing.append(rel)
+            elif f.stat().st_size != int(info["size"]) or _sha256(f) != info["sha256"]:
+                changed.append(rel)
+        except (OSError, KeyError, TypeError, ValueError):
+            changed.append(rel)
+    added = sorted(set(f.relative_to(folder).as_posix() for f in _listed_files(folder)) - set(files))
+    recorded = [r for r in marker.get("user_files") or [] if isinstance(r, str) and (folder / r).is_file()]
+    return FolderChanges(changed, missing, added, recorded)
+
+
+def set_aside_user_work(folder: Path, notice: Notice, keep: Iterable[str] = ()) -> dict[str, bytes]:
+    """Before `folder` is rebuilt: nothing a person changed or added in it is lost. Returns the `keep`
+    files that are theirs (for the new build to carry); when anything else is theirs, the whole folder
+    is first renamed aside and `notice` says where."""
+    changes = folder_changes(folder)
+    if changes is None:
+        return {}
+    keep = set(keep)
+    carried = {rel: (folder / rel).read_bytes() for rel in set(changes.mine) | set(changes.recorded) if rel in keep}
+    if changes.others:
+        aside = _aside_path(folder)
+        os.replace(folder, aside)
+        listed = ", ".join(changes.others[:3]) + (f" and {len(changes.others) - 3} more" if len(changes.others) > 3 else "")
+        notice(f"{folder} held files that differ from what prepare built ({listed}): moved it to {aside} so that "
+               "nothing of yours is lost (delete that folder when you do not need it), then built it again.")
+    return carried
+
+
+def _aside_path(folder: Path) -> Path:
+    """A visible sibling name (not cleaned up as a stale staging folder) that does not exist yet."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside = folder.with_name(f"{folder.name}.yours-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = folder.with_name(f"{folder.name}.yours-{stamp}-{n}")
+    return aside
 
 
 # ----------------------------------------------------------------------------- source GGUF
@@ -286,8 +412,6 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
         del model, state
         _check_saved_tokenizer(staging)
         say("Moving the Hugging Face folder into place", 0.95)
-        if out_dir.is_dir():
-            (out_dir / MARKER).unlink(missing_ok=True)
         swap_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -507,7 +631,7 @@ def write_marker(folder: Path, extra: dict[str, Any] | None = None) -> Path:
     return folder / MARKER
 
 
-def _read_marker(folder: Path) -> dict[str, Any]:
+def read_marker(folder: Path) -> dict[str, Any]:
     try:
         data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -519,7 +643,7 @@ def _marker_problem(folder: Path, *, verify_checksums: bool) -> str | None:
     """Why `folder` is not a finished build, or None when it is."""
     if not folder.is_dir():
         return "no folder"
-    marker = _read_marker(folder)
+    marker = read_marker(folder)
     if not marker:
         return "no (readable) completion marker: partial build"
     if marker.get("builder") != BUILDER or marker.get("builder_version") != BUILDER_VERSION:

@@ -51,8 +51,8 @@ import numpy as np
 
 from engine.bench.datasets import Prompt, load_prompts
 from engine.bench.runner import (ENGINE, WARMUP_TOKENS, BenchSpec, Cancel, Decoding, Loader, Progress,
-                                 _first_difference, _one_line, _sum, default_loader, describe_machine, draft_meta,
-                                 spec_command, spec_from_args)
+                                 _first_difference, _one_line, _sum, check_prompts_fit, default_loader,
+                                 describe_machine, draft_meta, spec_command, spec_from_args)
 from engine.config import GenerationConfig
 from engine.errors import DFlashError
 from engine.draft_policy import ALWAYS, POLICIES, make_policy
@@ -640,6 +640,7 @@ def run_concurrency(spec: ConcurrencySpec, progress: Progress | None = None, can
     say("warming up", None)
     encoder = cfgs[0].runner
     encoded = [(p.id, encoder.encode(p)) for p in items]
+    check_prompts_fit(getattr(encoder, "pipe", None), encoded, b.max_new_tokens, b.dataset)
     warm = encoded[: max(1, min(levels[-1], len(encoded)))]
     kept: list[_Cfg] = []
     for c in cfgs:

@@ -37,7 +37,7 @@ import numpy as np
 
 from engine.bench.datasets import Prompt, load_prompts
 from engine.config import GenerationConfig
-from engine.errors import DFlashError
+from engine.errors import ContextLengthError, DFlashError
 
 Progress = Callable[[str, "float | None"], object]
 Cancel = Callable[[], bool]
@@ -497,9 +497,12 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         configs.clear()
         return result(True, 0)
 
+    encoder = configs[0].runner
+    encoded = [(p.id, encoder.encode(p)) for p in items]
+    check_prompts_fit(getattr(encoder, "pipe", None), encoded, spec.max_new_tokens, spec.dataset)
     # Warm-up: one short untimed request per configuration (also where the engine refuses a setting).
     say("warming up", None)
-    warm_ids = configs[0].runner.encode(items[0])
+    warm_ids = encoded[0][1]
     kept: list[_Config] = []
     for c in configs:
         if stop():
@@ -516,16 +519,14 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         kept.append(c)
     configs[:] = kept
 
-    encoder = configs[0].runner
     total = len(items) * len(configs)
     done_runs = 0
     done_prompts = 0
     cancelled = False
-    for prompt in items:
+    for prompt, (_pid, ids) in zip(items, encoded):
         if stop():
             cancelled = True
             break
-        ids = encoder.encode(prompt)
         finished = True
         for c in configs:
             if stop():
@@ -637,11 +638,28 @@ def _genai_dflash_refusal(variant: str | None, has_head: bool, dec: Decoding) ->
 
 
 def _one_line(exc: BaseException) -> str:
-    """The telling line of an error (OpenVINO's start with "Exception from <file>:")."""
+    """The telling line of an error (OpenVINO's start with "Exception from <file>:"); a list of reasons
+    ("...:" then "- reason" lines, as a draft that does not fit says) is kept whole, joined by "; "."""
     lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
     lines = [x for x in lines if not x.startswith("Exception from ")] or lines
+    if len(lines) > 1 and all(x.startswith("- ") for x in lines[1:]):
+        text = lines[0].rstrip(":") + ": " + "; ".join(x[2:] for x in lines[1:])
+        return text if len(text) <= 800 else text[:797] + "..."
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) <= 240 else text[:237] + "..."
+
+
+def check_prompts_fit(pipe: Any, encoded: list[tuple[str, list[int]]], max_new_tokens: int, dataset: str) -> None:
+    """Every prompt must fit the target's context and KV cache with max_new_tokens, checked before the
+    run (a prompt that does not fit would otherwise stop it midway, its results lost)."""
+    check = getattr(pipe, "check_fits", None)
+    if check is None:
+        return
+    for pid, ids in encoded:
+        try:
+            check(len(ids), max_new_tokens)
+        except ContextLengthError as exc:
+            raise ContextLengthError(f"Prompt {pid} of the {dataset} set: {exc}") from exc
 
 
 def _aggregate(configs: list[_Config], prompt_ids: list[str]) -> list[Row]:

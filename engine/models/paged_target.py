@@ -10,7 +10,6 @@ argmax ids in the graph, the tapped layers' rows concatenated).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import openvino as ov
 
 from engine.errors import ModelFolderError
 from engine.models.bound_inputs import BoundInputs
+from engine.models.files import read_ir, read_optional_json_object
 from engine.models.kv_blocks import BlockTable
 from engine.models.target import _lm_head, check_target_dir, edit_target_graph, num_decoder_layers
 
@@ -56,9 +56,9 @@ class PagedTarget:
         check_target_dir(folder)
         self.folder = Path(folder)
         self.device = device
-        self.config = (json.loads((self.folder / "config.json").read_text())
-                       if (self.folder / "config.json").is_file() else {})
-        model = core.read_model(self.folder / "openvino_model.xml")
+        fix = "export the target again with `dflash-studio export --kind target` (or copy the folder again)."
+        self.config = read_optional_json_object(self.folder / "config.json", fix)
+        model = read_ir(core, self.folder / "openvino_model.xml", fix)
         self.num_layers = num_decoder_layers(model)
         self.vocab_size = int(model.output("logits").get_partial_shape()[2].get_length())
         self.hidden_size = int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length())
