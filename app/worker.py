@@ -99,6 +99,7 @@ class _Live:
     cancel_this_step: bool = False  # cancel sent before the step now running: its event is due
     done: bool = False
     reason: str = "unknown"
+    dropped_turns: int = 0  # oldest chat turns left out so the prompt fits the target's context
 
     @property
     def tag(self) -> str:
@@ -363,14 +364,17 @@ class EngineWorker(QObject):
             self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
             return
         tally = _Tally()
+        prompt, dropped = req.prompt, 0
         try:
-            rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
+            if req.chat and isinstance(prompt, list) and hasattr(pipe, "fit_chat"):
+                prompt, dropped = pipe.fit_chat(prompt, req.config.max_new_tokens)  # the engine's context rule
+            rid = pipe.add_request(prompt, req.config, chat=req.chat)
         except BaseException as exc:  # noqa: BLE001 - a bad setting fails this request only
             err = ErrorInfo.from_exception(exc, "Starting the request")
             err.stage = "start"
             self.failed.emit(tag, err)
             return
-        self._live[rid] = _Live(req, rid, tally)
+        self._live[rid] = _Live(req, rid, tally, dropped_turns=dropped)
         self.started.emit(tag, rid)
 
     def _step_once(self) -> None:
@@ -436,6 +440,8 @@ class EngineWorker(QObject):
         stats = stats_from_metrics(metrics, lv.tally, self._info)
         stats.update(request_stats(lv.req.config, self._info))
         stats["finish_reason"] = lv.reason
+        if lv.dropped_turns:
+            stats["context_dropped_turns"] = lv.dropped_turns
         self._forget(pipe, lv.rid, lv.tag)
         self.finished.emit(lv.tag, FinishInfo(lv.rid, lv.reason, stats))
 

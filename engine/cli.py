@@ -99,8 +99,10 @@ def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.config import GenerationConfig
+    from engine.models.tokenizer import check_text
     from engine.pipeline import SpeculativePipeline
 
+    check_text(args.prompt)  # before loading anything
     target, draft = _resolve_models(args)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,

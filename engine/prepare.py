@@ -192,16 +192,16 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
                    and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT)
         changes = folder_changes(dest)
-        if not force and current and changes is not None and not changes.missing and not changes.others:
-            if changes.mine:  # the person's own draft_vocabulary.json in an intact export: keep it
+        if not force and current and changes is not None and not changes.missing and not changes.broken:
+            if changes.edited:  # the person wrote their own draft_vocabulary.json into an intact export
                 reasons = check_draft_fits(target, dest)
                 if reasons:
-                    tell(f"Your {', '.join(changes.mine)} in {dest} does not fit this draft, so the draft is not "
+                    tell(f"Your {', '.join(changes.edited)} in {dest} does not fit this draft, so the draft is not "
                          f"offered until you delete it or write it again: {'; '.join(reasons)}")
                     continue
-                write_marker(dest, extra={**extra, "user_files": sorted(set(changes.recorded) | set(changes.mine))})
-                tell(f"Kept your {', '.join(changes.mine)} in {dest} (it differs from the shipped one; delete it "
-                     "and run prepare again to get the shipped one back).")
+                write_marker(dest, extra=extra, user_files=changes.recorded + changes.edited)
+                tell(f"Kept your {', '.join(changes.edited)} in {dest} (it differs from the shipped one; delete "
+                     "it and run prepare again to get the shipped one back).")
             out.append(dest)
             continue
         say(f"Exporting the shipped draft {src.name}", 0.95)
@@ -227,7 +227,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
             raise ModelFolderError(f"The shipped draft {src.name} does not fit the prepared target: {'; '.join(reasons)}")
         if carried:
             tell(f"Kept your {', '.join(carried)} in the new export of {src.name} ({dest}).")
-        write_marker(dest, extra={**extra, "user_files": sorted(carried)} if carried else extra)
+        write_marker(dest, extra=extra, user_files=carried)
         out.append(dest)
     if out:
         wanted = (SHIPPED_DRAFTS / "DEFAULT").read_text().strip() if (SHIPPED_DRAFTS / "DEFAULT").is_file() else ""
@@ -241,12 +241,11 @@ def record_user_file(folder: Path, rel: str) -> bool:
     that file as theirs, so it stays prepared and prepare keeps the file. False when the folder has no
     valid marker or holds other changes (prepare then decides, and keeps the file)."""
     changes = folder_changes(Path(folder))
-    if changes is None or rel not in USER_FILES or changes.missing or changes.others:
+    if changes is None or rel not in USER_FILES or changes.missing or changes.broken:
         return False
     marker = read_marker(Path(folder))
     extra = {k: v for k, v in marker.items() if k not in ("builder", "builder_version", "created", "versions", "files")}
-    extra["user_files"] = sorted(set(changes.recorded) | set(changes.mine) | {rel})
-    write_marker(Path(folder), extra=extra)
+    write_marker(Path(folder), extra=extra, user_files=[*changes.recorded, *changes.edited, rel])
     return True
 
 
@@ -256,17 +255,22 @@ class FolderChanges:
 
     changed: list[str]  # listed, but another size or checksum
     missing: list[str]  # listed, gone
-    added: list[str]  # not listed: put there after the build
-    recorded: list[str]  # the marker's user_files: made by the person, kept across rebuilds
+    added: list[str]  # not listed (nor recorded): put there after the build
+    recorded: list[str]  # the marker's user_files that are there: the person's, kept across rebuilds
 
     @property
-    def mine(self) -> list[str]:
-        """Changed or added files that are the person's to make (USER_FILES)."""
+    def edited(self) -> list[str]:
+        """USER_FILES the person changed or added since the build (not recorded yet)."""
         return [r for r in self.changed + self.added if r in USER_FILES]
 
     @property
+    def broken(self) -> list[str]:
+        """Built files that changed (other than USER_FILES): the build no longer holds, it is made again."""
+        return [r for r in self.changed if r not in USER_FILES]
+
+    @property
     def others(self) -> list[str]:
-        """Changed or added files that a rebuild would replace: the folder is moved aside first."""
+        """The person's files that a rebuild cannot carry over: the folder is moved aside first."""
         return [r for r in self.changed + self.added if r not in USER_FILES]
 
 
@@ -287,8 +291,8 @@ def folder_changes(folder: Path) -> FolderChanges | None:
                 changed.append(rel)
         except (OSError, KeyError, TypeError, ValueError):
             changed.append(rel)
-    added = sorted(set(f.relative_to(folder).as_posix() for f in _listed_files(folder)) - set(files))
     recorded = [r for r in marker.get("user_files") or [] if isinstance(r, str) and (folder / r).is_file()]
+    added = sorted(set(f.relative_to(folder).as_posix() for f in _listed_files(folder)) - set(files) - set(recorded))
     return FolderChanges(changed, missing, added, recorded)
 
 
@@ -300,7 +304,7 @@ def set_aside_user_work(folder: Path, notice: Notice, keep: Iterable[str] = ()) 
     if changes is None:
         return {}
     keep = set(keep)
-    carried = {rel: (folder / rel).read_bytes() for rel in set(changes.mine) | set(changes.recorded) if rel in keep}
+    carried = {rel: (folder / rel).read_bytes() for rel in set(changes.edited) | set(changes.recorded) if rel in keep}
     if changes.others:
         aside = _aside_path(folder)
         os.replace(folder, aside)
@@ -611,18 +615,24 @@ def ask(target: Path, question: str, max_new_tokens: int = 32, properties: dict[
 # ----------------------------------------------------------------------------- completion marker
 
 
-def write_marker(folder: Path, extra: dict[str, Any] | None = None) -> Path:
-    """Record every file's size and sha256; written last, atomically (tmp file + rename)."""
+def write_marker(folder: Path, extra: dict[str, Any] | None = None, user_files: Iterable[str] = ()) -> Path:
+    """Record every file's size and sha256; written last, atomically (tmp file + rename).
+
+    `user_files` are the person's (a draft_vocabulary.json they wrote): recorded by name, not listed,
+    so that changing them never makes the folder look damaged and a rebuild carries them over."""
+    mine = sorted(set(user_files))
     files = {}
     for f in sorted(_listed_files(folder)):
         rel = f.relative_to(folder).as_posix()
-        files[rel] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+        if rel not in mine:
+            files[rel] = {"size": f.stat().st_size, "sha256": _sha256(f)}
     marker = {
         "builder": BUILDER,
         "builder_version": BUILDER_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(_VERSIONED),
-        **(extra or {}),
+        **{k: v for k, v in (extra or {}).items() if k != "user_files"},
+        **({"user_files": mine} if mine else {}),
         "files": files,
     }
     tmp = folder / f"{MARKER}.tmp-{uuid.uuid4().hex[:8]}"

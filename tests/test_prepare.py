@@ -85,7 +85,7 @@ def test_prepared_target_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(prepare, "find_gguf", no_build)
     drafts_for: list[Path] = []
-    monkeypatch.setattr(prepare, "prepare_drafts", lambda t, force, progress: drafts_for.append(t))
+    monkeypatch.setattr(prepare, "prepare_drafts", lambda t, force, progress, notice: drafts_for.append(t))
     messages: list[tuple[str, float]] = []
     assert prepare.prepare_default(progress=lambda m, f: messages.append((m, f))) == target
     assert messages and messages[-1][1] == 1.0

@@ -60,7 +60,7 @@ class TextTokenizer:
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         for m in messages:
-            check_text(m.get("content", ""), f"The {m.get('role', 'chat')} message")
+            check_text(m.get("content", ""), "The prompt" if len(messages) == 1 else f"The {m.get('role')} message")
         return self.tok.apply_chat_template(messages, add_generation_prompt=True)
 
     def decode(self, ids: list[int]) -> str:
