@@ -102,8 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.models.tokenizer import check_text
     from engine.pipeline import SpeculativePipeline
 
-    check_text(args.prompt)  # before loading anything
-    target, draft = _resolve_models(args)
+    check_text(args.prompt)  # the prompt and the settings before loading anything
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         num_assistant_tokens=args.num_assistant_tokens, markov_head_top_k=args.markov_head_top_k,
@@ -112,6 +111,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
+    target, draft = _resolve_models(args)
     scheduler = None
     if args.cache_size_mb is not None:
         from engine.scheduler import SchedulerConfig
