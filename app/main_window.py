@@ -142,6 +142,12 @@ def _dot_icon(color: str) -> QIcon:
     return icon
 
 
+def conversation_tooltip(conv: Conversation) -> str:
+    """The conversation list's tooltip: title, message count, last change (a time history load checked)."""
+    return (f"{conv.title}\n{len(conv.messages)} messages · "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
+
+
 def _html(text: str) -> str:
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
@@ -499,8 +505,7 @@ class MainWindow(QMainWindow):
         for conv in self.conversations:
             it = QListWidgetItem(conv.title)
             it.setData(Qt.ItemDataRole.UserRole, conv.id)
-            it.setToolTip(f"{conv.title}\n{len(conv.messages)} messages · "
-                          f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
+            it.setToolTip(conversation_tooltip(conv))
             it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
             if self.live_tag(conv) is not None:
                 it.setIcon(self._streaming_icon)
