@@ -296,6 +296,8 @@ class FakePipeline:
             timings=StepTimings(draft_step_ms=draft_ms, draft_model_ms=draft_ms * 0.8,
                                 target_ms=target_ms, total_ms=draft_ms + target_ms),
             confidence=confidence,
+            # Each fake step validates its whole window, as an unsplit window of the engine does.
+            window_drafted=drafted[:] if drafted else None, window_accepted=accepted if drafted else 0,
         )
         r.step += 1
         return ev

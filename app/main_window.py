@@ -704,7 +704,7 @@ class MainWindow(QMainWindow):
             self.stop_all()  # the replies of every conversation: the engine they run on goes away
         self.state_label.setText(f"Loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")
                                  + f" on {device}…")
-        self.model_panel.set_loaded("Loading…")
+        self.model_panel.set_loading("Loading…")
         self.controller.load(target, draft, device)
         self._update_actions()
 
@@ -719,8 +719,12 @@ class MainWindow(QMainWindow):
         self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
                                         info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
-        self.model_panel.set_loaded(f"Loaded {info.target_name}"
-                                    + (f" + {info.draft_name}" if info.draft_name else " (no draft)"))
+        label = (f"{info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
+                 + f" on {info.device}")
+        self.model_panel.set_applied(info.target_dir, info.draft_dir, info.requested_device, label)
+        log.info("loaded %s (asked for %s) in %.1f s", label, info.requested_device, info.load_s)
+        if "Load a model" in self.input_notice.text() or "finish loading" in self.input_notice.text():
+            self.input_notice.hide()
         self.error_banner.hide()
         if self.notice_banner.isVisible() and not self.corrupt:
             self.notice_banner.hide()
@@ -746,8 +750,9 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, err: ErrorInfo) -> None:
         if self._closing:
             return
+        log.error("loading failed: %s\n%s", err.message, err.details)
         self.state_label.setText("Loading failed." + (" The previous model is still loaded." if self.engine_info else ""))
-        self.model_panel.set_loaded("Not loaded: see the message above the chat.")
+        self.model_panel.set_load_failed()
         self.show_error(err)
         self._update_actions()
 
@@ -1024,8 +1029,10 @@ class MainWindow(QMainWindow):
         if self._closing:
             return
         if entry is not None and err.stage == "start" and err.kind == "ValueError":
+            log.info("the engine refused a request: %s", err.message)
             self._refused(entry[0], entry[1], err)
             return
+        log.error("a reply failed: %s\n%s", err.message, err.details)
         if entry is not None:
             conv, msg = entry
             msg.status = ERROR

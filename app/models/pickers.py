@@ -117,15 +117,26 @@ class ModelPanel(QGroupBox):
         self.load_button.setObjectName("loadButton")
         self.load_button.setDefault(False)
         self.load_button.setAutoDefault(False)
-        self.load_state = QLabel()
+        self.load_state = QLabel("Not loaded.")
         self.load_state.setObjectName("loadState")
         self.load_state.setWordWrap(True)
+        # A choice that differs from what the engine runs is only a plan until Load: say so.
+        self.pending_note = QLabel()
+        self.pending_note.setObjectName("pendingNote")
+        self.pending_note.setWordWrap(True)
+        self.pending_note.setStyleSheet("QLabel#pendingNote { background:#fffaeb; color:#93370d; border:1px solid "
+                                        "#fec84b; border-radius:4px; padding:3px 6px; }")
+        self.pending_note.hide()
+        self._applied: tuple[str, str | None, str] | None = None  # (target, draft, device) the engine runs
+        self._applied_label = ""
+        self._loading = False
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         row = QHBoxLayout()
         row.addWidget(self.load_button)
         row.addWidget(self.load_state, 1)
         lay.addLayout(row)
+        lay.addWidget(self.pending_note)
 
         self._fill_devices()
         self.refresh_targets()
@@ -244,6 +255,51 @@ class ModelPanel(QGroupBox):
 
     def set_loaded(self, text: str) -> None:
         self.load_state.setText(text)
+
+    def set_loading(self, text: str) -> None:
+        self._loading = True
+        self.load_state.setText(text)
+        self._update_pending()
+
+    def set_applied(self, target: str, draft: str | None, device: str, label: str) -> None:
+        """What the engine runs now (after a Load that worked)."""
+        self._loading = False
+        self._applied = (target, draft or None, device)
+        self._applied_label = label
+        self.load_state.setText(f"In use: {label}")
+        self._update_pending()
+
+    def set_load_failed(self) -> None:
+        """A Load failed: the engine keeps what it ran before (if anything), and the panel says what that is."""
+        self._loading = False
+        if self._applied is not None:
+            self.load_state.setText(f"Load failed (see the message above the chat). Still in use: {self._applied_label}")
+        else:
+            self.load_state.setText("Load failed (see the message above the chat): nothing is loaded.")
+        self._update_pending()
+
+    def pending_changes(self) -> list[str]:
+        """How the current choice differs from what the engine runs (empty: nothing to apply)."""
+        if self._applied is None:
+            return []
+        target, draft, device = self._applied
+        out = []
+        if self.target_dir() != target:
+            out.append(f"target {_short(target)} → {_short(self.target_dir()) or 'none'}")
+        if self.draft_dir() != draft:
+            out.append(f"draft {_short(draft) if draft else 'none'} → "
+                       f"{_short(self.draft_dir()) if self.draft_dir() else 'none (the target alone)'}")
+        if self.device().upper() != device.upper():
+            out.append(f"device {device} → {self.device()}")
+        return out
+
+    def _update_pending(self) -> None:
+        changes = [] if self._loading else self.pending_changes()
+        if changes:
+            self.pending_note.setText("Not applied yet: " + "; ".join(changes) + ". Press Load to use "
+                                      + ("it." if len(changes) == 1 else "them."))
+        self.pending_note.setVisible(bool(changes))
+        self.load_button.setText("Load (apply)" if changes else "Load")
 
     # -- filling ---------------------------------------------------------------------------------
     def _fill_devices(self) -> None:
@@ -410,6 +466,7 @@ class ModelPanel(QGroupBox):
         self._restyle(self.device_notice)
 
     def _update_load_state(self) -> None:
+        self._update_pending()
         problems = self.problems()
         self.load_button.setEnabled(not problems)
         self.load_button.setToolTip("\n".join(problems) if problems else "Load the target (and draft) on the device")
