@@ -12,10 +12,14 @@ import re
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
+                               QLabel, QPlainTextEdit, QPushButton, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
+from engine.generation_defaults import DecodingDefaults
+
+# Settings that make up "the decoding": editing one of them is the person's own choice.
+DECODING_KEYS = (S.K_DO_SAMPLE, S.K_TEMPERATURE, S.K_TOP_K, S.K_TOP_P, S.K_MIN_P, S.K_REPETITION_PENALTY)
 
 SEED_MAX = 2**31 - 1
 NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. “draft's default” uses the draft's own "
@@ -124,7 +128,26 @@ class GenerationPanel(QGroupBox):
         mh.addWidget(self.greedy_radio)
         mh.addWidget(self.sample_radio)
         mh.addStretch(1)
-        form.addRow("Decoding", mode)
+        self.recommended_button = QPushButton("Recommended")
+        self.recommended_button.setObjectName("recommendedButton")
+        self.recommended_button.setToolTip("The loaded target's own recommended sampling (its generation_config.json, "
+                                           "else a preset)")
+        self.recommended_button.setEnabled(False)
+        mh.addWidget(self.recommended_button)
+        dec = QWidget()
+        dv = QVBoxLayout(dec)
+        dv.setContentsMargins(0, 0, 0, 0)
+        dv.setSpacing(1)
+        dv.addWidget(mode)
+        self.decoding_note = QLabel()
+        self.decoding_note.setObjectName("decodingNote")
+        self.decoding_note.setWordWrap(True)
+        self.decoding_note.setStyleSheet("color:#475467;")
+        self.decoding_note.hide()
+        dv.addWidget(self.decoding_note)
+        form.addRow("Decoding", dec)
+        self._recommended: DecodingDefaults | None = None
+        self._applying = False
         sampling = S.get_bool(settings, S.K_DO_SAMPLE, False)
         (self.sample_radio if sampling else self.greedy_radio).setChecked(True)
 
@@ -192,6 +215,7 @@ class GenerationPanel(QGroupBox):
         self.sample_radio.toggled.connect(self._update_enabled)
         self.stop_strings.textChanged.connect(
             lambda: self._changed(S.K_STOP_STRINGS, self.stop_strings.toPlainText()))
+        self.recommended_button.clicked.connect(self.apply_recommended)
         self.set_draft_loaded(False)
         self._update_enabled()
 
@@ -227,8 +251,55 @@ class GenerationPanel(QGroupBox):
 
     def _changed(self, key: str, value) -> None:
         self.settings.setValue(key, value)
+        if key in DECODING_KEYS and not self._applying and not self.custom_decoding:
+            self.settings.setValue(S.K_DECODING_CUSTOM, True)  # the person's choice from now on
+            self._update_decoding_note()
         self.revalidate()
         self.settings_changed.emit()
+
+    # -- recommended decoding ---------------------------------------------------------------------
+    @property
+    def custom_decoding(self) -> bool:
+        return S.get_bool(self.settings, S.K_DECODING_CUSTOM, False)
+
+    def set_recommended(self, rec: DecodingDefaults) -> None:
+        """The loaded target's recommended decoding: applied unless the person chose their own."""
+        self._recommended = rec
+        self.recommended_button.setEnabled(True)
+        if not self.custom_decoding:
+            self.apply_recommended()
+        self._update_decoding_note()
+
+    def apply_recommended(self) -> None:
+        """Put the decoding back to the target's recommendation (the Recommended button)."""
+        rec = self._recommended
+        if rec is None:
+            return
+        self._applying = True
+        try:
+            (self.sample_radio if rec.do_sample else self.greedy_radio).setChecked(True)
+            self.temperature.setValue(rec.temperature)
+            self.top_k.setValue(rec.top_k)
+            self.top_p.setValue(rec.top_p)
+            self.min_p.setValue(rec.min_p)
+            self.repetition_penalty.setValue(rec.repetition_penalty)
+        finally:
+            self._applying = False
+        self.settings.setValue(S.K_DECODING_CUSTOM, False)
+        self._update_decoding_note()
+
+    def _update_decoding_note(self) -> None:
+        rec = self._recommended
+        if rec is None:
+            self.decoding_note.hide()
+            return
+        where = ("the model's generation_config.json" if rec.source != "preset"
+                 else f"a preset: {rec.note}" if rec.note else "a preset")
+        text = f"Recommended: {rec.describe()} ({where})."
+        if self.custom_decoding:
+            text += " You changed it; Recommended puts it back."
+        self.decoding_note.setText(text)
+        self.decoding_note.show()
 
     # -- state from the loaded engine -------------------------------------------------------------
     def set_system_prompt(self, text: str) -> None:

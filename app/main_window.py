@@ -35,6 +35,7 @@ from app.qt_tracking import TrackedTimer
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
+from engine.generation_defaults import recommended_decoding
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
@@ -716,6 +717,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DRAFT, info.draft_dir or "")
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
+        self.gen_panel.set_recommended(recommended_decoding(info.target_dir))
         self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
                                         info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")

@@ -26,6 +26,7 @@ K_NUM_ASSISTANT = "generation/num_assistant_tokens"  # 0 means "the draft's defa
 K_MIN_NEW_TOKENS = "generation/min_new_tokens"
 K_MARKOV_TOP_K = "generation/markov_head_top_k"  # -1 means "the draft's default"
 K_DO_SAMPLE = "generation/do_sample"
+K_DECODING_CUSTOM = "generation/decoding_custom"  # true once the person set decoding themselves
 K_TEMPERATURE = "generation/temperature"
 K_TOP_K = "generation/top_k"
 K_TOP_P = "generation/top_p"
