@@ -47,10 +47,7 @@ class InstanceGuard(QObject):
     def acquire(self) -> bool:
         """Take the lock (and listen for later launches). False when another window holds it."""
         if not self._lock.tryLock(200):
-            err = self._lock.error()
-            ok, pid, host, _app = self._lock.getLockInfo()
-            log.info("data folder %s is locked (%s) by pid %s on %s", self.data_dir, err.name,
-                     pid if ok else "?", host if ok else "?")
+            log.info("data folder %s is locked (%s) by %s", self.data_dir, self._lock.error().name, self.holder())
             return False
         self.owner = True
         QLocalServer.removeServer(self.name)  # a socket left by a window that was killed
@@ -66,8 +63,10 @@ class InstanceGuard(QObject):
 
     def holder(self) -> str:
         """Who holds the lock, in words (for the read-only notice)."""
-        ok, pid, host, _app = self._lock.getLockInfo()
-        return f"process {pid} on {host}" if ok else "another process"
+        info = self._lock.getLockInfo()  # PySide6: (pid, hostname, appname), or a falsy value
+        if info and len(info) == 3 and info[0]:
+            return f"process {info[0]} on {info[1]}"
+        return "another process"
 
     def bring_forward(self, timeout_ms: int = 1500) -> bool:
         """Ask the window that owns the folder to come forward. True when it answered."""
