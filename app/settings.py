@@ -37,6 +37,7 @@ K_REPETITION_PENALTY = "generation/repetition_penalty"
 K_PRESENCE_PENALTY = "generation/presence_penalty"
 K_FREQUENCY_PENALTY = "generation/frequency_penalty"
 K_STOP_STRINGS = "generation/stop_strings"
+K_MORE_SETTINGS = "generation/more_shown"  # penalties, min new tokens, stop strings unfolded
 K_COMPARE = "compare/"  # prefix of the comparison panel's settings
 K_SYSTEM_PROMPT = "generation/system_prompt"
 K_MARK_DRAFT = "chat/mark_draft_tokens"

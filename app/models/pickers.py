@@ -40,6 +40,15 @@ def discovered_drafts() -> list[str]:
         return []
 
 
+def _short_path(path: str, limit: int = 44) -> str:
+    """A long path as …/parent/name, so it takes one line of the panel (the tooltip has it whole)."""
+    if len(path) <= limit:
+        return path
+    p = Path(path)
+    tail = str(Path(p.parent.name) / p.name) if p.parent.name else p.name
+    return "…/" + tail
+
+
 def _short(path: str) -> str:
     p = Path(path)
     return p.name or str(p)
@@ -389,7 +398,7 @@ class ModelPanel(QGroupBox):
             self.target_note.setText(f"This folder no longer exists: {t}")
             self.prepare_button.setVisible(False)
         else:
-            self.target_note.setText(t)
+            self.target_note.setText(_short_path(t))  # the whole path is in the tooltip
             self.prepare_button.setVisible(False)
         self.target_note.setToolTip(t)
         self._reason_cache.clear()  # folders may have changed on disk since the last look
@@ -445,7 +454,7 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
+            text = (f"{info.name}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
                     "The target alone runs on NPU through openvino_genai.LLMPipeline (no marked tokens, "
                     "one token per step).")
             state = "warn"
