@@ -1078,9 +1078,12 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(streaming)
         self.model_panel.load_button.setEnabled(not self.model_panel.problems() and not self.controller.loading)
         if self.engine_info is None and not self.controller.loading:
-            self.input.setPlaceholderText("Load a model in the Session panel, then type a message here.")
+            hint = "Load a model in the Session panel, then type a message here."
         else:
-            self.input.setPlaceholderText("Type a message. Enter sends, Shift+Enter adds a line, Esc stops.")
+            hint = "Type a message. Enter sends, Shift+Enter adds a line, Esc stops."
+        if self.input.placeholderText() != hint:
+            self.input.setPlaceholderText(hint)
+            self.input.viewport().update()  # an empty box does not repaint its placeholder by itself
 
     def _about(self) -> None:
         QMessageBox.about(self, "About DFlash Studio",
