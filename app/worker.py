@@ -27,6 +27,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
 from engine.errors import DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+from engine.metrics import RequestMetrics
 
 Loader = Callable[..., Any]
 
@@ -187,7 +188,9 @@ def request_stats(config: GenerationConfig, info: EngineInfo | None) -> dict[str
 
 
 class _Tally:
-    """Counts from the events of one request: the fallback when the engine has no metrics."""
+    """What the events of one request said: the fallback when the engine has no metrics. Steps, tokens per
+    step and acceptance are counted by engine.metrics.RequestMetrics itself (the live plots count them
+    the same way), so the figure under a reply and the plot header are one number."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -195,9 +198,7 @@ class _Tally:
         self.last: float | None = None
         self.tokens = 0
         self.first_step_tokens = 0
-        self.steps = 0
-        self.drafted = 0
-        self.accepted = 0
+        self.counts = RequestMetrics()
 
     def add(self, ev: Any) -> None:
         n = len(ev.tokens)
@@ -206,26 +207,24 @@ class _Tally:
             if self.first is None:
                 self.first = now
                 self.first_step_tokens = n
-            else:
-                self.steps += 1
             self.last = now
         self.tokens += n
-        self.drafted += len(ev.drafted)
-        self.accepted += ev.accepted
+        self.counts.record(ev)
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = {}
+        c = self.counts
         if self.first is not None:
             s["ttft_ms"] = (self.first - self.t0) * 1000.0
             decode_tokens = self.tokens - self.first_step_tokens
             dt = (self.last or self.first) - self.first
             if decode_tokens > 0 and dt > 0:
                 s["decode_tok_s"] = decode_tokens / dt
-            if self.steps:
-                s["tokens_per_step"] = decode_tokens / self.steps
-        if self.drafted:
-            s["acceptance_rate"] = self.accepted / self.drafted
-        s["target_steps"] = self.steps  # verification steps after the prefill, as the engine counts
+            if c.target_steps:
+                s["tokens_per_step"] = c.tokens_per_step
+        if c.drafted_total:
+            s["acceptance_rate"] = c.acceptance_rate
+        s["target_steps"] = c.target_steps  # verification steps after the prefill, as the engine counts
         return s
 
 

@@ -40,6 +40,15 @@ def discovered_drafts() -> list[str]:
         return []
 
 
+def _short_path(path: str, limit: int = 44) -> str:
+    """A long path as …/parent/name, so it takes one line of the panel (the tooltip has it whole)."""
+    if len(path) <= limit:
+        return path
+    p = Path(path)
+    tail = str(Path(p.parent.name) / p.name) if p.parent.name else p.name
+    return "…/" + tail
+
+
 def _short(path: str) -> str:
     p = Path(path)
     return p.name or str(p)
@@ -117,15 +126,26 @@ class ModelPanel(QGroupBox):
         self.load_button.setObjectName("loadButton")
         self.load_button.setDefault(False)
         self.load_button.setAutoDefault(False)
-        self.load_state = QLabel()
+        self.load_state = QLabel("Not loaded.")
         self.load_state.setObjectName("loadState")
         self.load_state.setWordWrap(True)
+        # A choice that differs from what the engine runs is only a plan until Load: say so.
+        self.pending_note = QLabel()
+        self.pending_note.setObjectName("pendingNote")
+        self.pending_note.setWordWrap(True)
+        self.pending_note.setStyleSheet("QLabel#pendingNote { background:#fffaeb; color:#93370d; border:1px solid "
+                                        "#fec84b; border-radius:4px; padding:3px 6px; }")
+        self.pending_note.hide()
+        self._applied: tuple[str, str | None, str] | None = None  # (target, draft, device) the engine runs
+        self._applied_label = ""
+        self._loading = False
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         row = QHBoxLayout()
         row.addWidget(self.load_button)
         row.addWidget(self.load_state, 1)
         lay.addLayout(row)
+        lay.addWidget(self.pending_note)
 
         self._fill_devices()
         self.refresh_targets()
@@ -245,6 +265,51 @@ class ModelPanel(QGroupBox):
     def set_loaded(self, text: str) -> None:
         self.load_state.setText(text)
 
+    def set_loading(self, text: str) -> None:
+        self._loading = True
+        self.load_state.setText(text)
+        self._update_pending()
+
+    def set_applied(self, target: str, draft: str | None, device: str, label: str) -> None:
+        """What the engine runs now (after a Load that worked)."""
+        self._loading = False
+        self._applied = (target, draft or None, device)
+        self._applied_label = label
+        self.load_state.setText(f"In use: {label}")
+        self._update_pending()
+
+    def set_load_failed(self) -> None:
+        """A Load failed: the engine keeps what it ran before (if anything), and the panel says what that is."""
+        self._loading = False
+        if self._applied is not None:
+            self.load_state.setText(f"Load failed (see the message above the chat). Still in use: {self._applied_label}")
+        else:
+            self.load_state.setText("Load failed (see the message above the chat): nothing is loaded.")
+        self._update_pending()
+
+    def pending_changes(self) -> list[str]:
+        """How the current choice differs from what the engine runs (empty: nothing to apply)."""
+        if self._applied is None:
+            return []
+        target, draft, device = self._applied
+        out = []
+        if self.target_dir() != target:
+            out.append(f"target {_short(target)} → {_short(self.target_dir()) or 'none'}")
+        if self.draft_dir() != draft:
+            out.append(f"draft {_short(draft) if draft else 'none'} → "
+                       f"{_short(self.draft_dir()) if self.draft_dir() else 'none (the target alone)'}")
+        if self.device().upper() != device.upper():
+            out.append(f"device {device} → {self.device()}")
+        return out
+
+    def _update_pending(self) -> None:
+        changes = [] if self._loading else self.pending_changes()
+        if changes:
+            self.pending_note.setText("Not applied yet: " + "; ".join(changes) + ". Press Load to use "
+                                      + ("it." if len(changes) == 1 else "them."))
+        self.pending_note.setVisible(bool(changes))
+        self.load_button.setText("Load (apply)" if changes else "Load")
+
     # -- filling ---------------------------------------------------------------------------------
     def _fill_devices(self) -> None:
         self.device_combo.blockSignals(True)
@@ -333,7 +398,7 @@ class ModelPanel(QGroupBox):
             self.target_note.setText(f"This folder no longer exists: {t}")
             self.prepare_button.setVisible(False)
         else:
-            self.target_note.setText(t)
+            self.target_note.setText(_short_path(t))  # the whole path is in the tooltip
             self.prepare_button.setVisible(False)
         self.target_note.setToolTip(t)
         self._reason_cache.clear()  # folders may have changed on disk since the last look
@@ -389,7 +454,7 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
+            text = (f"{info.name}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
                     "The target alone runs on NPU through openvino_genai.LLMPipeline (no marked tokens, "
                     "one token per step).")
             state = "warn"
@@ -410,6 +475,7 @@ class ModelPanel(QGroupBox):
         self._restyle(self.device_notice)
 
     def _update_load_state(self) -> None:
+        self._update_pending()
         problems = self.problems()
         self.load_button.setEnabled(not problems)
         self.load_button.setToolTip("\n".join(problems) if problems else "Load the target (and draft) on the device")
