@@ -34,6 +34,7 @@ STATS_FIELDS: dict[str, tuple[str, float | None, float | None]] = {
     "markov_head_top_k": (_INT, 0, 1e9),
     "num_assistant_tokens": (_INT, 0, 1e9),
     "prompt_tokens": (_INT, 0, 1e12),
+    "context_dropped_turns": (_INT, 0, 1e9),  # oldest turns left out of the prompt (engine fit_chat)
     "device": (_STR, None, None),
     "draft": (_STR, None, None),
     "source": (_STR, None, None),

@@ -51,3 +51,7 @@ def test_the_oldest_turns_go_and_the_reply_says_so(make_window, qtbot, small_con
     assert 0 < dropped < turn + 1
     assert f"its oldest {dropped} turn" in w.chat.toPlainText()
     assert len(w.current.messages) == 2 * (turn + 1), "the conversation itself keeps every turn"
+    w.close()
+    again = make_window(load=False)  # the note is part of the reply's saved stats
+    assert again.current.messages[-1].stats["context_dropped_turns"] == dropped
+    assert f"its oldest {dropped} turn" in again.chat.toPlainText()
