@@ -228,8 +228,12 @@ class SpeculativePipeline:
             return
         held = blocks.num_blocks * blocks.block_size
         per_block = getattr(self.target, "bytes_per_block", 0)
-        bigger = (f"--cache-size-mb {-(-need * per_block // (1 << 20))} (SchedulerConfig.cache_size_mb from Python)"
-                  if per_block else "a bigger SchedulerConfig.cache_size_mb")
+        if self.scheduler.num_kv_blocks is not None:  # the size was given in blocks: say it in blocks
+            bigger = f"num_kv_blocks={need} (bench --num-kv-blocks; SchedulerConfig.num_kv_blocks from Python)"
+        elif per_block:
+            bigger = f"--cache-size-mb {-(-need * per_block // (1 << 20))} (SchedulerConfig.cache_size_mb from Python)"
+        else:
+            bigger = "a bigger SchedulerConfig.cache_size_mb"
         raise ContextLengthError(
             f"This request needs {prompt_tokens + max_new_tokens + extra:,} tokens of KV cache ({prompt_tokens:,} "
             f"prompt + {max_new_tokens:,} new + {extra} for the last draft window), but the KV cache holds "
