@@ -49,20 +49,23 @@ def _say(message: str) -> None:
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
     """Send everything written to stdout meanwhile (libraries' tables and warnings, child processes) to
-    stderr, at the file-descriptor level, so that stdout carries only the result."""
+    stderr, so that stdout carries only the result: sys.stdout for Python's prints, file descriptor 1
+    for what holds the old stream (a logging handler made at import) and for child processes."""
     sys.stdout.flush()
     try:
         saved = os.dup(1)
     except OSError:  # no stdout at all (a windowed app): nothing to protect
-        yield
-        return
-    os.dup2(2, 1)
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _device_name(text: str) -> str:

@@ -236,7 +236,7 @@ class SpeculativePipeline:
             bigger = "a bigger SchedulerConfig.cache_size_mb"
         raise ContextLengthError(
             f"This request needs {prompt_tokens + max_new_tokens + extra:,} tokens of KV cache ({prompt_tokens:,} "
-            f"prompt + {max_new_tokens:,} new + {extra} for the last draft window), but the KV cache holds "
+            f"prompt + {max_new_tokens:,} new + {extra} for the last step's window), but the KV cache holds "
             f"{held:,} tokens: lower max_new_tokens to {max(1, held - prompt_tokens - extra):,} or less, shorten "
             f"the prompt, or give a bigger cache: {bigger}.")
 

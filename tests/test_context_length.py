@@ -121,15 +121,21 @@ def test_kv_cache_too_small_says_the_option_that_fixes_it(tiny_qwen3_target) -> 
     from engine.pipeline import SpeculativePipeline
     from engine.scheduler import SchedulerConfig
 
-    small = SpeculativePipeline.load(tiny_qwen3_target, scheduler=SchedulerConfig(num_kv_blocks=2))
+    small = SpeculativePipeline.load(tiny_qwen3_target, scheduler=SchedulerConfig(cache_size_mb=1))
+    held = small.target.blocks.num_blocks * small.target.blocks.block_size
     ids = small.encode_prompt("hello", chat=False)
+    assert held + 100 < small.context_length, "the cache, not the context, is what is too small here"
     with pytest.raises(ContextLengthError) as e:
-        small.add_request(ids, GenerationConfig(max_new_tokens=1000))
+        small.add_request(ids, GenerationConfig(max_new_tokens=held + 100))
     msg = str(e.value)
-    assert f"KV cache holds {2 * small.target.blocks.block_size:,} tokens" in msg and "num_kv_blocks" not in msg
+    assert f"the KV cache holds {held:,} tokens" in msg and "num_kv_blocks" not in msg
     mb = int(msg.split("--cache-size-mb ")[1].split()[0])
+    assert mb > 1
     big = SpeculativePipeline.load(tiny_qwen3_target, scheduler=SchedulerConfig(cache_size_mb=mb))
-    rid = big.add_request(ids, GenerationConfig(max_new_tokens=1000))  # the suggested size is enough
+    rid = big.add_request(ids, GenerationConfig(max_new_tokens=held + 100))  # the suggested size is enough
     big.cancel(rid)
     while big.has_unfinished():
         big.step()
+    in_blocks = SpeculativePipeline.load(tiny_qwen3_target, scheduler=SchedulerConfig(num_kv_blocks=2))
+    with pytest.raises(ContextLengthError, match=r"num_kv_blocks=\d+ \(bench --num-kv-blocks"):
+        in_blocks.add_request(ids, GenerationConfig(max_new_tokens=100))
