@@ -52,6 +52,7 @@ def test_draft_vocab_survives_prepare_and_a_reexport(shipped, tiny_qwen3_target,
     bin_time = (dest / "openvino_model.bin").stat().st_mtime_ns
 
     # The person makes a sub-vocabulary in the prepared folder, as the README says.
+    capfd.readouterr()  # (the export's own output)
     rows = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3 + [[20, 21]]
     assert main(["draft-vocab", "--draft", str(dest), "--answers", str(_answers(tmp_path / "a.jsonl", rows)),
                  "--size", "8"]) == 0
