@@ -22,7 +22,7 @@ from typing import Callable
 from engine import paths
 from engine.errors import DFlashError, ModelFolderError
 from engine.paths import check_writable
-from engine.prepare import MARKER, Notice, is_prepared, read_marker, set_aside_user_work
+from engine.markers import MARKER, Notice, is_prepared, read_marker, set_aside_user_work
 
 log = logging.getLogger(__name__)
 

@@ -78,7 +78,7 @@ def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
         target = Path(args.target)
     else:
         from engine.paths import default_target_dir
-        from engine.prepare import is_prepared
+        from engine.markers import is_prepared
 
         target = default_target_dir()
         if not is_prepared(target):
@@ -193,7 +193,7 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
     from engine.models.tokenizer import TextTokenizer
 
     from engine.models.files import check_folder, read_json_object
-    from engine.prepare import record_user_file
+    from engine.markers import record_user_file
 
     draft = check_folder(Path(args.draft), "Draft folder", "give the draft folder (exported, or its checkpoint).")
     vocab = args.vocab_size

@@ -7,29 +7,27 @@ the GGUF's own vocabulary and merges rather than through transformers' GGUF conv
 5.5.4 yields a CodeLlama tokenizer that prepends BOS, adds three tokens beyond the embedding
 table and a byte-fallback decoder; the result is checked against an independent BPE pass.
 
-A folder is used only when its completion marker (written last) lists files that all still
-match; anything else is treated as partial and rebuilt. torch/transformers/gguf are imported
-inside functions so `is_prepared` stays cheap for the CLI and the app.
+A folder is used only when its completion marker (written last, engine/markers.py) lists files
+that all still match; anything else is treated as partial and rebuilt, after what a person changed
+in it is set aside. torch/transformers/gguf are imported inside functions so `is_prepared` stays
+cheap for the CLI and the app.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
-import json
 import logging
-import os
 import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import ModelFolderError
-from engine.export.target import package_versions, swap_into_place
+from engine.export.target import swap_into_place
+from engine.markers import (BUILDER, BUILDER_VERSION, USER_FILES, Notice, aside_path, folder_changes, is_prepared,
+                            read_marker, set_aside_user_work, sha256_file, write_marker)
 from engine.models.draft_vocab import VOCAB_FILE
 from engine.paths import default_target_dir, models_dir
 
@@ -45,11 +43,6 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_SIZE = 98_362_432
 HF_DIR_NAME = "SmolLM2-135M-Instruct-hf"
 
-MARKER = ".dflash-complete.json"
-BUILDER = "engine.prepare/smollm2"
-# Bump when the produced folders change in a way old ones should be rebuilt for.
-BUILDER_VERSION = 1
-
 # Token ids checked against an independent BPE pass over the GGUF's merges; the first one is
 # also pinned, so a tokenizer change between library versions is caught.
 EXPECTED_IDS = {"The capital of France is Paris.": [504, 3575, 282, 4649, 314, 7042, 30]}
@@ -64,10 +57,6 @@ SANITY_ANSWER = "Paris"
 EXACT_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
 Progress = Callable[[str, float], None]
-Notice = Callable[[str], None]  # something the person should read (a folder moved aside, a file kept)
-# Files a person makes in a prepared draft folder (`dflash-studio draft-vocab`): kept across rebuilds.
-USER_FILES = (VOCAB_FILE,)
-_VERSIONED = ("openvino", "openvino-tokenizers", "optimum-intel", "transformers", "torch", "gguf", "tokenizers")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -76,14 +65,6 @@ _VERSIONED = ("openvino", "openvino-tokenizers", "optimum-intel", "transformers"
 def default_hf_dir() -> Path:
     """The Hugging Face folder of the embedded default (drafts are trained against it)."""
     return models_dir() / HF_DIR_NAME
-
-
-def is_prepared(path: Path | str, *, verify_checksums: bool = True) -> bool:
-    """True only if `path` has a valid completion marker and every listed file still matches.
-
-    With verify_checksums=False only sizes are compared (fast; for frequent polling).
-    """
-    return _marker_problem(Path(path), verify_checksums=verify_checksums) is None
 
 
 def prepare_default(
@@ -186,7 +167,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
     out: list[Path] = []
     for src in shipped_drafts():
         dest = default_drafts_dir() / src.name
-        source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
+        source = ":".join(sha256_file(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = read_marker(dest)
         extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT}
         current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
@@ -211,7 +192,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
             (dest / rel).write_bytes(data)
         reasons = check_draft_fits(target, dest)
         if reasons and carried:
-            aside = _aside_path(dest)
+            aside = aside_path(dest)
             aside.mkdir(parents=True)
             for rel in carried:  # not theirs to lose: saved beside the draft, the shipped file back in place
                 (aside / rel).write_bytes(carried[rel])
@@ -234,95 +215,6 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         best = next((d for d in out if d.name == wanted), out[0])
         (default_drafts_dir() / "best.txt").write_text(best.name + "\n", encoding="utf-8")
     return out
-
-
-def record_user_file(folder: Path, rel: str) -> bool:
-    """After a person wrote `rel` (one of USER_FILES) into a prepared folder: mark the folder again with
-    that file as theirs, so it stays prepared and prepare keeps the file. False when the folder has no
-    valid marker or holds other changes (prepare then decides, and keeps the file)."""
-    changes = folder_changes(Path(folder))
-    if changes is None or rel not in USER_FILES or changes.missing or changes.broken:
-        return False
-    marker = read_marker(Path(folder))
-    extra = {k: v for k, v in marker.items() if k not in ("builder", "builder_version", "created", "versions", "files")}
-    write_marker(Path(folder), extra=extra, user_files=[*changes.recorded, *changes.edited, rel])
-    return True
-
-
-@dataclass
-class FolderChanges:
-    """How a built folder differs from its completion marker (paths relative to the folder)."""
-
-    changed: list[str]  # listed, but another size or checksum
-    missing: list[str]  # listed, gone
-    added: list[str]  # not listed (nor recorded): put there after the build
-    recorded: list[str]  # the marker's user_files that are there: the person's, kept across rebuilds
-
-    @property
-    def edited(self) -> list[str]:
-        """USER_FILES the person changed or added since the build (not recorded yet)."""
-        return [r for r in self.changed + self.added if r in USER_FILES]
-
-    @property
-    def broken(self) -> list[str]:
-        """Built files that changed (other than USER_FILES): the build no longer holds, it is made again."""
-        return [r for r in self.changed if r not in USER_FILES]
-
-    @property
-    def others(self) -> list[str]:
-        """The person's files that a rebuild cannot carry over: the folder is moved aside first."""
-        return [r for r in self.changed + self.added if r not in USER_FILES]
-
-
-def folder_changes(folder: Path) -> FolderChanges | None:
-    """The folder's differences from its marker; None when there is no folder or no readable marker
-    (a partial build of ours: nothing in it is a person's)."""
-    marker = read_marker(folder) if folder.is_dir() else {}
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return None
-    changed, missing = [], []
-    for rel, info in files.items():
-        f = folder / rel
-        try:
-            if not f.is_file():
-                missing.append(rel)
-            elif f.stat().st_size != int(info["size"]) or _sha256(f) != info["sha256"]:
-                changed.append(rel)
-        except (OSError, KeyError, TypeError, ValueError):
-            changed.append(rel)
-    recorded = [r for r in marker.get("user_files") or [] if isinstance(r, str) and (folder / r).is_file()]
-    added = sorted(set(f.relative_to(folder).as_posix() for f in _listed_files(folder)) - set(files) - set(recorded))
-    return FolderChanges(changed, missing, added, recorded)
-
-
-def set_aside_user_work(folder: Path, notice: Notice, keep: Iterable[str] = ()) -> dict[str, bytes]:
-    """Before `folder` is rebuilt: nothing a person changed or added in it is lost. Returns the `keep`
-    files that are theirs (for the new build to carry); when anything else is theirs, the whole folder
-    is first renamed aside and `notice` says where."""
-    changes = folder_changes(folder)
-    if changes is None:
-        return {}
-    keep = set(keep)
-    carried = {rel: (folder / rel).read_bytes() for rel in set(changes.edited) | set(changes.recorded) if rel in keep}
-    if changes.others:
-        aside = _aside_path(folder)
-        os.replace(folder, aside)
-        listed = ", ".join(changes.others[:3]) + (f" and {len(changes.others) - 3} more" if len(changes.others) > 3 else "")
-        notice(f"{folder} held files that differ from what prepare built ({listed}): moved it to {aside} so that "
-               "nothing of yours is lost (delete that folder when you do not need it), then built it again.")
-    return carried
-
-
-def _aside_path(folder: Path) -> Path:
-    """A visible sibling name (not cleaned up as a stale staging folder) that does not exist yet."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    aside = folder.with_name(f"{folder.name}.yours-{stamp}")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = folder.with_name(f"{folder.name}.yours-{stamp}-{n}")
-    return aside
 
 
 # ----------------------------------------------------------------------------- source GGUF
@@ -354,7 +246,7 @@ def verify_gguf(path: Path) -> None:
     size = path.stat().st_size
     if size != GGUF_SIZE:
         raise ModelFolderError(f"{path} has {size:,} bytes, expected {GGUF_SIZE:,}: the file is damaged. {fix}")
-    digest = _sha256(path)
+    digest = sha256_file(path)
     if digest != GGUF_SHA256:
         raise ModelFolderError(f"{path} has sha256 {digest}, expected {GGUF_SHA256}: the file is damaged. {fix}")
 
@@ -612,82 +504,7 @@ def ask(target: Path, question: str, max_new_tokens: int = 32, properties: dict[
     return tok.decode(result.tokens[0], skip_special_tokens=True).strip()
 
 
-# ----------------------------------------------------------------------------- completion marker
-
-
-def write_marker(folder: Path, extra: dict[str, Any] | None = None, user_files: Iterable[str] = ()) -> Path:
-    """Record every file's size and sha256; written last, atomically (tmp file + rename).
-
-    `user_files` are the person's (a draft_vocabulary.json they wrote): recorded by name, not listed,
-    so that changing them never makes the folder look damaged and a rebuild carries them over."""
-    mine = sorted(set(user_files))
-    files = {}
-    for f in sorted(_listed_files(folder)):
-        rel = f.relative_to(folder).as_posix()
-        if rel not in mine:
-            files[rel] = {"size": f.stat().st_size, "sha256": _sha256(f)}
-    marker = {
-        "builder": BUILDER,
-        "builder_version": BUILDER_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": package_versions(_VERSIONED),
-        **{k: v for k, v in (extra or {}).items() if k != "user_files"},
-        **({"user_files": mine} if mine else {}),
-        "files": files,
-    }
-    tmp = folder / f"{MARKER}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(marker, indent=2), encoding="utf-8")
-    os.replace(tmp, folder / MARKER)
-    return folder / MARKER
-
-
-def read_marker(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _marker_problem(folder: Path, *, verify_checksums: bool) -> str | None:
-    """Why `folder` is not a finished build, or None when it is."""
-    if not folder.is_dir():
-        return "no folder"
-    marker = read_marker(folder)
-    if not marker:
-        return "no (readable) completion marker: partial build"
-    if marker.get("builder") != BUILDER or marker.get("builder_version") != BUILDER_VERSION:
-        return f"built by {marker.get('builder')} v{marker.get('builder_version')}, need {BUILDER} v{BUILDER_VERSION}"
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return "marker lists no files"
-    for rel, info in files.items():
-        f = folder / rel
-        try:
-            if not f.is_file() or f.stat().st_size != int(info["size"]):
-                return f"{rel} is missing or has another size"
-            if verify_checksums and _sha256(f) != info["sha256"]:
-                return f"{rel} does not match its checksum"
-        except (OSError, KeyError, TypeError, ValueError):
-            return f"{rel}: unreadable marker entry"
-    return None
-
-
-def _listed_files(folder: Path) -> Iterable[Path]:
-    for f in folder.rglob("*"):
-        if f.is_file() and not f.name.startswith(MARKER):
-            yield f
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _source_info(gguf_path: Path) -> dict[str, Any]:

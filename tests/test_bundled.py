@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.prepare import is_prepared, write_marker
+from engine.markers import is_prepared, write_marker
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from engine import prepare
 from engine.cli import main
 from engine.models.draft_vocab import VOCAB_FILE
-from engine.prepare import MARKER, folder_changes, is_prepared, set_aside_user_work, write_marker
+from engine.markers import MARKER, folder_changes, is_prepared, set_aside_user_work, write_marker
 
 
 @pytest.fixture(scope="module")
