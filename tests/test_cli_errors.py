@@ -141,6 +141,12 @@ def _bench_draft_does_not_fit(tmp: Path, target: Path, draft: Path, hf: Path) ->
             "--max-new-tokens", "2"]
 
 
+def _bench_prompt_file_list(tmp: Path, target: Path, draft: Path, hf: Path) -> list[str]:
+    (tmp / "p.jsonl").write_text('{"prompt": "hi"}\n[1, 2]\n')
+    return ["bench", "--target", str(target), "--draft", "none", "--no-genai", "--dataset", str(tmp / "p.jsonl"),
+            "--max-new-tokens", "2"]
+
+
 def _min_over_max(tmp: Path, target: Path, draft: Path, hf: Path) -> list[str]:
     return ["generate", "--target", str(target), "--draft", "none", "--prompt", "hi", "--min-new-tokens", "32",
             "--max-new-tokens", "16"]
@@ -179,6 +185,7 @@ CASES = [
     ("bench --out under a file", _bench_out_under_file, ["--out folder", "cannot be written"]),
     ("--target pointing at a file", _target_is_file, ["is a file, not a folder", "give the folder that holds it"]),
     ("bench with a draft that does not fit", _bench_draft_does_not_fit, ["does not fit", "999 tokens"]),
+    ("bench prompt file with a JSON list line", _bench_prompt_file_list, ["p.jsonl line 2", "JSON list"]),
     ("--min-new-tokens above --max-new-tokens", _min_over_max, ["min_new_tokens=32", "max_new_tokens=16"]),
     ("prompt + max_new_tokens over the context", _over_context, ["context of 4,096 tokens", "--max-new-tokens"]),
     ("max_new_tokens over the KV cache", _over_kv_cache, ["KV cache holds", "--cache-size-mb"]),

@@ -69,6 +69,9 @@ def _jsonl(path: Path) -> list[Prompt]:
         except json.JSONDecodeError as exc:
             raise DFlashError(f"{path} line {i + 1} is not JSON ({exc.msg}): a prompt file has one JSON object "
                               "per line with a \"prompt\" (or \"turns\") field.") from exc
+        if not isinstance(row, dict):
+            raise DFlashError(f"{path} line {i + 1} is a JSON {type(row).__name__}, not an object with a \"prompt\" "
+                              "(or \"turns\") field.")
         text = row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text")
         if not isinstance(text, str):
             raise DFlashError(f"{path} line {i + 1} has no \"prompt\", \"turns\" or \"text\" field.")
