@@ -61,6 +61,8 @@ class CatalogModel:
     sanity_answer: str = ""  # the prepared model's greedy answer must contain this
     license: str = ""
     download_bytes: int = 0
+    hf_bytes: int = 0  # the float32 Hugging Face folder (an intermediate), as measured
+    ir_bytes: int = 0  # the int8 OpenVINO folder, as measured
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     # -- folders ---------------------------------------------------------------------------------
@@ -115,6 +117,13 @@ class CatalogModel:
         """The target folder is complete (sizes only by default: cheap enough for every start)."""
         return _smollm2.is_prepared(self.target_dir(), verify_checksums=verify_checksums)
 
+    def disk_plan(self) -> str:
+        """What a build takes on disk, in one sentence (said before it starts)."""
+        mb = lambda n: f"{n / 1e6:,.0f} MB"  # noqa: E731
+        return (f"On disk: the packages {mb(self.gguf_size)} (installed; a {mb(self.download_bytes)} download), "
+                f"while converting the joined GGUF {mb(self.gguf_size)} and the float32 Hugging Face folder "
+                f"{mb(self.hf_bytes)} (both removed at the end), the OpenVINO folder {mb(self.ir_bytes)} (kept).")
+
     def download_label(self) -> str:
         return f"{self.download_bytes / 1e6:,.0f} MB download"
 
@@ -164,6 +173,8 @@ QWEN_CODER = CatalogModel(
     sanity_answer="def is_prime",
     license="Apache-2.0",
     download_bytes=sum(p.wheel_size for p in _qwen_parts()),
+    hf_bytes=2_532_000_000,
+    ir_bytes=654_000_000,
 )
 
 CATALOG: tuple[CatalogModel, ...] = (SMOLLM2, QWEN_CODER)

