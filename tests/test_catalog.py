@@ -247,7 +247,7 @@ def test_shipped_drafts_belong_to_their_model_by_name(tmp_path: Path, monkeypatc
         if name != "notes":
             (shipped / name / "config.json").write_text("{}")
     (shipped / "DEFAULT").write_text("smollm2-dspark-b8\n")
-    monkeypatch.setattr(catalog, "SHIPPED_DRAFTS", shipped)
+    monkeypatch.setattr(prepare, "SHIPPED_DRAFTS", shipped)
     assert [p.name for p in prepare.shipped_drafts()] == ["smollm2-dflash-b8", "smollm2-dspark-b8"]
     assert [p.name for p in QWEN_CODER.shipped_drafts()] == ["qwen2.5-coder-0.5b-dspark-b8"]
     assert SMOLLM2.default_draft_name() == "smollm2-dspark-b8"
