@@ -237,7 +237,7 @@ class ModelPanel(QGroupBox):
 
     def preferred_draft(self) -> str | None:
         """The draft to start with when none was used before: the one `prepare` marked best for the
-        embedded default (drafts/best.txt) when it is listed and fits the target, else the first that fits."""
+        target's catalogue model (drafts/best.txt, best-<name>.txt) when it is listed and fits, else the first that fits."""
         best = (catalog.for_target(self.target_dir()) or catalog.DEFAULT).best_draft_dir()
         if best is not None:
             i = self._index_of(self.draft_combo, str(best))
