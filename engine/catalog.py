@@ -15,12 +15,11 @@ Nothing heavy is imported here: the CLI and the app call it on every start.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine import paths
 from engine import prepare as _smollm2
-
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,6 @@ class CatalogModel:
     download_bytes: int = 0
     hf_bytes: int = 0  # the float32 Hugging Face folder (an intermediate), as measured
     ir_bytes: int = 0  # the int8 OpenVINO folder, as measured
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     # -- folders ---------------------------------------------------------------------------------
     def target_dir(self) -> Path:
