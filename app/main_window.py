@@ -26,6 +26,7 @@ from app.chat.store import CorruptFile, HistoryConflict, HistoryStore
 from app.chat.view import DRAFT_BG, ChatView
 from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
+from app.models.catalog_actions import install_catalog_actions
 from app.models.import_action import install_import_action
 from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
@@ -434,6 +435,7 @@ class MainWindow(QMainWindow):
         self.conv_list.itemChanged.connect(self._on_conv_renamed)
         self.model_panel.load_requested.connect(self.load_models)
         self.model_panel.prepare_requested.connect(self.prepare_default)
+        install_catalog_actions(self)  # the catalogue's Prepare / Remove buttons in the target picker
         self.model_panel.selection_changed.connect(self._update_actions)
         self.act_open_target.triggered.connect(self.model_panel._browse_target)
         self.act_open_draft.triggered.connect(self.model_panel._browse_draft)

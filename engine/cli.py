@@ -25,25 +25,10 @@ def _progress_printer(quiet: bool = False):
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    if args.target:
-        target = Path(args.target)
-    else:
-        from engine.paths import default_target_dir
-        from engine.prepare import is_prepared
+    from engine.catalog import resolve_models
 
-        target = default_target_dir()
-        if not is_prepared(target):
-            raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
-                              "`dflash-studio prepare` first, or pass --target DIR.")
-    if args.draft is None:
-        from engine.paths import best_draft_dir
-
-        draft = best_draft_dir() if not args.target else None
-    elif args.draft.lower() == "none":
-        draft = None
-    else:
-        draft = Path(args.draft)
-    return target, draft
+    target, drafts = resolve_models(args.target, args.draft)
+    return target, (drafts[0] if drafts else None)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -80,6 +65,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.model or args.remove or args.list or args.wheels or args.keep_intermediates:
+        from engine.prepare_catalog import prepare_cli
+
+        return prepare_cli(args, _progress_printer(args.quiet))
     from engine.prepare import prepare_default
 
     path = prepare_default(force=args.force, weight_format=args.weight_format, progress=_progress_printer(args.quiet))
@@ -161,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
 
     def model_args(sp: argparse.ArgumentParser, several_drafts: bool = False) -> None:
-        sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
+        sp.add_argument("--target", help="target OpenVINO folder, or a prepared catalogue model by name "
+                                         "(qwen2.5-coder-0.5b; default: the embedded SmolLM2)")
         if several_drafts:
             sp.add_argument("--draft", nargs="+", default=None, metavar="DIR",
                             help="draft folders to compare (default: the best prepared draft; 'none' for the "
@@ -210,10 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weight-format", default=None, help="int4|int8|fp16|fp32 (target default int8, draft fp32)")
     e.set_defaults(func=cmd_export)
 
-    pr = sub.add_parser("prepare", help="build the embedded default models into the user data folder")
+    pr = sub.add_parser("prepare", help="build the embedded default models (or --model NAME) into the user data folder")
     pr.add_argument("--force", action="store_true", help="rebuild even if prepared")
     pr.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
     pr.add_argument("--quiet", action="store_true")
+    from engine.prepare_catalog import add_prepare_args
+
+    add_prepare_args(pr)
     pr.set_defaults(func=cmd_prepare)
 
     v = sub.add_parser("draft-vocab", help="write a draft's sub-vocabulary (its lm_head then scores only those tokens)")
