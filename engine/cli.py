@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--heldout", type=int, default=0, help="first N rows held out to report coverage")
     v.set_defaults(func=cmd_draft_vocab)
 
+    from engine.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub, model_args)
+
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
