@@ -21,7 +21,8 @@ from engine.serve import DEFAULT_MAX_QUEUE
 
 REFRESH_MS = 250
 STOP_GRACE_S = 5.0  # Stop: running requests get this long to finish
-COLUMNS = ("Request", "Kind", "State", "Prompt", "Tokens", "Steps", "Tokens/step", "Acceptance", "Seconds")
+# request, chat|text, state, prompt tokens, generated tokens, target steps, tokens per step, acceptance, seconds
+COLUMNS = ("Request", "Kind", "State", "Prompt", "Tokens", "Steps", "Tok/step", "Accept", "s")
 
 
 class ServerPanel(QWidget):
@@ -91,6 +92,11 @@ class ServerPanel(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        for j, tip in enumerate(("request id", "chat or text completion", "running, or how it ended",
+                                 "prompt tokens", "generated tokens", "target steps", "tokens per target step",
+                                 "draft tokens accepted / validated", "seconds since it arrived")):
+            self.table.horizontalHeaderItem(j).setToolTip(tip)
 
         v = QVBoxLayout(self)
         v.setContentsMargins(4, 4, 4, 4)
@@ -170,7 +176,7 @@ class ServerPanel(QWidget):
         rows = self.bridge.rows()
         self.table.setRowCount(len(rows))
         for i, r in enumerate(rows):
-            cells = (r.id.split("-", 1)[-1][:8], r.kind, r.finish_reason if r.state == "done" else r.state,
+            cells = (r.id.split("-", 1)[-1][:6], "chat" if r.kind == "chat" else "text", r.finish_reason if r.state == "done" else r.state,
                      str(r.prompt_tokens), str(r.completion_tokens), str(r.steps),
                      f"{r.tokens_per_step:.2f}" if r.steps else "–", f"{r.acceptance:.0%}" if r.drafted else "–",
                      f"{r.seconds:.1f}")

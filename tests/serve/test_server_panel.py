@@ -98,7 +98,7 @@ def test_server_panel_serves_beside_a_chat(qtbot, app_parts, tiny_qwen3_target, 
     cols = {panel.table.horizontalHeaderItem(j).text(): j for j in range(panel.table.columnCount())}
     row = [panel.table.item(0, j).text() for j in range(panel.table.columnCount())]
     assert row[cols["Tokens"]] == "48" and row[cols["State"]] == "length"
-    assert float(row[cols["Tokens/step"]]) > 1.0 and row[cols["Acceptance"]].endswith("%")
+    assert float(row[cols["Tok/step"]]) > 1.0 and row[cols["Accept"]].endswith("%")
 
     # a model switch: the running request finishes on the old model, the next one runs on the new one
     running: dict = {}
