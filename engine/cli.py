@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engine.serve.cli import add_parser as add_serve_parser
 
-    add_serve_parser(sub, model_args)
+    add_serve_parser(sub, model_args, _resolve_models)
 
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")

@@ -25,7 +25,9 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.ArgumentParser], None],
+               resolve_models: Callable[[argparse.Namespace], tuple]) -> None:
+    """`serve` with the shared model options; `resolve_models` gives (target, draft) as `generate` does."""
     s = sub.add_parser("serve", help="an OpenAI-compatible server (/v1/chat/completions ...) on this machine")
     model_args(s)
     s.add_argument("--host", default="127.0.0.1",
@@ -37,11 +39,10 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
                    help="requests that may wait behind the running ones; more are answered 429 at once")
     s.add_argument("--max-running", type=_positive, default=DEFAULT_MAX_RUNNING,
                    help="requests the engine runs in the same steps (its max_num_seqs)")
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=lambda args: cmd_serve(args, resolve_models))
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.cli import _resolve_models
+def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Namespace], tuple]) -> int:
     from engine.pipeline import SpeculativePipeline
     from engine.scheduler import SchedulerConfig
     from engine.serve.app import create_app
@@ -53,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_bind(args.host, args.api_key)
     sock = bind_socket(args.host, args.port)  # before the models load: a taken port fails at once
     try:
-        target, draft = _resolve_models(args)
+        target, draft = resolve_models(args)
         print(f"Loading {target.name}" + (f" + {draft.name}" if draft else " (no draft)") + f" on {args.device}…",
               file=sys.stderr, flush=True)
         pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision,
