@@ -33,6 +33,7 @@ from app.models.prepare import PrepareDialog
 from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
 from app.qt_tracking import TrackedTimer
+from app.server.panel import ServerPanel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
@@ -355,6 +356,12 @@ class MainWindow(QMainWindow):
         self.plots = LivePlots()
         self.plots_dock = self._dock("Live plots", "plotsDock", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
 
+        # The local OpenAI-compatible server (docs/serving.md), a tab beside the Session panel
+        self.server_panel = ServerPanel(self.controller, self.settings)
+        self.server_dock = self._dock("Server", "serverDock", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.side_dock, self.server_dock)
+        self.side_dock.raise_()
+
     def _dock(self, title: str, name: str, w: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         d = QDockWidget(title, self)
         d.setObjectName(name)
@@ -388,7 +395,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_chat_tab)
         m.addAction(self.act_compare_tab)
         m.addSeparator()
-        for d in (self.conv_dock, self.side_dock, self.plots_dock):
+        for d in (self.conv_dock, self.side_dock, self.plots_dock, self.server_dock):
             m.addAction(d.toggleViewAction())
         m = self.menuBar().addMenu("&Help")
         where = str(self.log_path) if self.log_path else "not written (the data folder is not writable)"
@@ -1111,6 +1118,7 @@ class MainWindow(QMainWindow):
         if self._prepare_dialog is not None:
             self._prepare_dialog.stop()
         self.hide()
+        self.server_panel.stop()  # clients' running requests finish (a few seconds) before the engine stops
         self.controller.shutdown()  # cancels the running request and waits for the thread
         for conv in {id(c): c for c, _m in self.streams.values()}.values():
             self._save(conv)

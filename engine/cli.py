@@ -77,6 +77,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.kind == "serving":
+        from engine.export.serving import run_cli
+
+        return run_cli(args)
+    if not args.input:
+        raise ValueError(f"export --kind {args.kind} needs --input DIR (the Hugging Face folder).")
     show = _progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
@@ -194,8 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
-    e.add_argument("--kind", choices=["target", "draft"], required=True)
-    e.add_argument("--input", required=True, help="Hugging Face checkpoint folder")
+    e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,
+                   help="serving: a draft as the checkpoint vLLM / SGLang load, with their launch command")
+    e.add_argument("--input", help="Hugging Face checkpoint folder (target, draft)")
+    e.add_argument("--target", help="serving: the target's folder (default: the embedded SmolLM2)")
+    e.add_argument("--draft", help="serving: the draft checkpoint (or its exported IR)")
+    e.add_argument("--engine", choices=["vllm", "sglang"], help="serving: the engine the README launches")
     e.add_argument("--output", required=True, help="OpenVINO folder to write")
     e.add_argument("--weight-format", default=None, help="int4|int8|fp16|fp32 (target default int8, draft fp32)")
     e.set_defaults(func=cmd_export)
@@ -219,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vocab-size", type=int, help="the target's vocabulary size (default: the draft's config.json)")
     v.add_argument("--heldout", type=int, default=0, help="first N rows held out to report coverage")
     v.set_defaults(func=cmd_draft_vocab)
+
+    from engine.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub, model_args, _resolve_models)
 
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")
