@@ -1,7 +1,7 @@
 """Torch reference of the z-lab DFlash v1 draft (spec §1), written for this project.
 
 The module is the single source of truth for the draft's math: the OpenVINO export
-(engine/export/draft.py) traces it, and the trainer (engine/training/dflash_train.py)
+(engine/export/draft.py) traces it, and the trainer (engine/training/trainer.py)
 optimises it. Parameter names equal the z-lab safetensors names, so a checkpoint folder
 loads with a plain ``load_state_dict`` and saves back in the same form.
 """
