@@ -104,11 +104,11 @@ class Recipe:
     path: Path
     sources: tuple[Source, ...]
     stages: tuple[Stage, ...]
-    data: DataSettings = DataSettings()
-    draft: DraftSettings = DraftSettings()
-    train: TrainSettings = TrainSettings()
-    loss: LossWeights = LossWeights()
-    eval: EvalSettings = EvalSettings()
+    data: DataSettings = field(default_factory=DataSettings)
+    draft: DraftSettings = field(default_factory=DraftSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    loss: LossWeights = field(default_factory=LossWeights)
+    eval: EvalSettings = field(default_factory=EvalSettings)
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
 

@@ -24,14 +24,14 @@ target's sampled turns are filtered the same way on a machine without those pack
 from __future__ import annotations
 
 import ast
-import gzip
+import functools
 import hashlib
 import json
 import random
 import re
 import sysconfig
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -111,9 +111,18 @@ def _segment(node: ast.AST, lines: list[str]) -> str | None:
     return text if len(text) <= MAX_SRC_CHARS else None
 
 
-def iter_code_items(root: Path | None = None) -> Iterator[CodeItem]:
-    """Functions, classes and modules of the stdlib that carry a usable docstring (sorted, deterministic)."""
-    root = Path(root) if root else stdlib_root()
+def iter_code_items(root: Path | None = None) -> tuple[CodeItem, ...]:
+    """Functions, classes and modules under `root` (the stdlib by default) that carry a usable
+    docstring (sorted, deterministic; parsed once per process: several sources read them)."""
+    return _code_items(Path(root) if root else stdlib_root())
+
+
+@functools.lru_cache(maxsize=64)
+def _code_items(root: Path) -> tuple[CodeItem, ...]:
+    return tuple(_walk_code_items(root))
+
+
+def _walk_code_items(root: Path) -> Iterator[CodeItem]:
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if _SKIP_PARTS & set(rel.parts) or rel.name.startswith("_") and rel.name != "__init__.py":
@@ -466,10 +475,8 @@ def package_items(packages: Sequence[str]) -> list[CodeItem]:
         if name in FORBIDDEN or not (site / name).is_dir():
             continue
         for it in iter_code_items(site / name):
-            it.module = f"{name}.{it.module}" if it.module else name
-            if it.kind == "module":
-                it.qualname = it.module
-            items.append(it)
+            module = f"{name}.{it.module}" if it.module else name
+            items.append(replace(it, module=module, qualname=module if it.kind == "module" else it.qualname))
     return items
 
 
