@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.export.dflash_v1 import DFlashV1Draft, load_checkpoint, random_draft_config  # noqa: E402
+from engine.drafts.dflash_v1 import DFlashV1Draft, load_checkpoint, random_draft_config  # noqa: E402
 from engine.training.evaluate import simulate_acceptance  # noqa: E402
 from engine.training.packing import packed_inputs, tapped_hidden  # noqa: E402
 from fixtures import tiny_drafts  # noqa: E402
