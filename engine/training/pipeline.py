@@ -38,6 +38,7 @@ from engine.training.target_loader import TargetInfo, inspect_target
 GPU_GEN_TOKENS_S = 19_000.0
 GPU_STEP_ROWS_S = 12.0 * 32 * 120 * 8
 CPU_FACTOR = 1 / 60
+ANSWER_CHUNK_BATCHES = 8
 REF_PARAMS = 135e6
 
 
@@ -156,12 +157,15 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     step_s = st.batch_size * st.num_anchors * plan.shape.block_size / (GPU_STEP_ROWS_S * fast * min(4.0, scale))
     train_s = sum(min(b, steps_i * step_s) if b else steps_i * step_s
                   for b, steps_i in zip(budgets, [opts.steps or r.stage_settings(s).steps for s in plan.stages]))
-    gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale)
+    sampled = {n for st in plan.stages for n in st.sources if source(opts, n).sampled}
+    answer_tokens += sum(source(opts, n).count * source(opts, n).max_new * 0.6 for n in sampled)
+    ranks = ddp.world_from_env().size
+    gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale) / ranks
     feat_gib = rows * (r.data.new_tokens + 100) * len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4) / 2**30
     if r.data.max_feature_gib:
         feat_gib = min(feat_gib, r.data.max_feature_gib)
     target_gib = info.num_params * 4 / 2**30
-    return {"device": dev, "rows": rows, "steps": steps, "generation_s": round(gen_s), "training_s": round(train_s),
+    return {"device": dev, "ranks": ranks, "rows": rows, "steps": steps, "generation_s": round(gen_s), "training_s": round(train_s),
             "total_s": round(gen_s + train_s + 30), "memory_gib": round(target_gib + feat_gib + 1.0, 1),
             "features_gib": round(feat_gib, 2),
             "disk_mb": round(sum(plan.counts.values()) * (r.data.new_tokens + 150) * 4 / 1e6 * 0.4
@@ -175,8 +179,8 @@ def describe(opts: RunOptions, plan: Plan) -> str:
              f"  draft: {s.layers} layers, block {s.block_size}, taps {s.taps}, mask id {s.mask_id}"
              + (f", head rank {s.rank}" if s.rank else "") + f", ~{s.estimated_mb} MB (budget {s.budget_mb} MB)",
              "  stages: " + ", ".join(f"{st.name} ({plan.counts[st.name]} prompts)" for st in plan.stages),
-             f"  on {e['device']}: {e['steps']} steps at most, about {e['total_s'] // 60} min "
-             f"({e['generation_s']} s answers, {e['training_s']} s training), ~{e['memory_gib']} GiB memory "
+             f"  on {e['device']} x {e['ranks']}: {e['steps']} steps at most, about {e['total_s'] // 60} min "
+             f"({e['generation_s']} s sampling and answers, {e['training_s']} s training), ~{e['memory_gib']} GiB memory "
              f"({e['features_gib']} GiB features), ~{e['disk_mb']} MB disk in {opts.out}"]
     return "\n".join(lines)
 
@@ -328,17 +332,19 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         held, train_rows = stage_rows(opts, si, by_source)
         # ---- answers (each rank its share of the rows not answered yet)
         todo = [x for x in held + train_rows if x.id not in answers]
-        if todo:
-            mine = ddp.shard(todo, world)
+        chunk = ANSWER_CHUNK_BATCHES * r.data.gen_batch * world.size  # saved after each: a kill loses one chunk
+        for c0 in range(0, len(todo), chunk):
+            mine = ddp.shard(todo[c0: c0 + chunk], world)
             t0 = time.time()
             got = generate_answers(target, [x.ids for x in mine], r.data.new_tokens, r.data.gen_batch, info.eos_id,
                                    info.pad_id, None, log, r.data.seed, static, gen_dtype)
             new = {x.id: a for x, a in zip(mine, got) if a is not None}
             answers.update(ddp.gather_dicts(world, new))
             n_tok = sum(len(a) for a in new.values())
-            log(f"answers: {len(new)} on this rank ({n_tok} tokens, {time.time() - t0:.0f}s)")
+            log(f"answers: {min(c0 + chunk, len(todo))} of {len(todo)} ({len(new)} on this rank, {n_tok} tokens, "
+                f"{time.time() - t0:.0f}s)")
             if world.main:
-                save_answers(cache, held + train_rows, answers)
+                save_answers(cache, [x for rows_ in by_source.values() for x in rows_], answers)
             ddp.barrier(world)
         held = [x for x in held if x.id in answers]
         train_rows = [x for x in train_rows if x.id in answers]
