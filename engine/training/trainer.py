@@ -188,6 +188,8 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
     draft.eval()
     log(f"training: {state['step'] - start_step} steps this run ({state['step']} in all), "
         f"{n_anchor} anchors per sequence at the end")
+    if world.active:  # the ranks must end with the same weights
+        log(f"weights sha256 {ddp.params_sha256(draft)}")
     return {"steps": state["step"], "steps_this_run": state["step"] - start_step, "seconds": round(state["seconds"], 1),
             "losses": state["losses"], "evals": state["evals"], "progress": state["progress"],
             "anchors_final": n_anchor}

@@ -271,3 +271,32 @@ def test_cli_without_torch_says_so(monkeypatch, capsys, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)
     code = cli_main(["train-draft", "--target", "x", "--variant", "dspark", "--out", str(tmp_path)])
     assert code == 2 and "needs torch" in capsys.readouterr().err
+
+
+def test_two_ranks_train_one_draft(tiny_qwen3_hf: Path, tmp_path: Path) -> None:
+    """train-draft as torchrun starts it (WORLD_SIZE 2, gloo on CPU): one run, identical weights on both ranks."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=20)
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "engine.cli", "train-draft", "--target", str(tiny_qwen3_hf), "--variant", "dspark",
+            "--out", str(out), "--recipe", str(recipe), "--device", "cpu", "--no-export"]
+    root = Path(__file__).resolve().parents[2]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+        procs.append(subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert results[0][0].strip().splitlines()[-1] == str(out / "checkpoint")
+    sha = [[x.split("weights sha256 ")[1] for x in (out / f).read_text().splitlines() if "weights sha256" in x]
+           for f in ("log.txt", "log.rank1.txt")]
+    assert sha[0] and sha[0] == sha[1]
+    record = json.loads((out / "training.json").read_text())
+    assert record["device"]["ranks"] == 2 and record["stages"][0]["steps"] == 20
