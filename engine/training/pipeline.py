@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DFLASH_V2, VARIANT_DSPARK, load_draft, save_draft
+from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DSPARK, load_draft, save_draft
 from engine.training import distributed as ddp
 from engine.training import prompts as P
-from engine.training.defaults import DraftShape, TargetError, draft_shape
-from engine.training.recipe import Recipe, RecipeError, Source, Stage
+from engine.training.defaults import DraftShape, draft_shape
+from engine.training.recipe import Recipe, Source, Stage
 from engine.training.sources import PromptRow
 from engine.training.target_loader import TargetInfo, inspect_target
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import json
 import random
 import re
 import sysconfig
@@ -49,14 +48,6 @@ class PromptRow:
     source: str  # where the prompt came from ("stdlib:json.decoder.JSONDecoder.decode", "composed:writing")
     prompt: str
     ids: list[int] | None = None
-
-    def to_json(self, with_text: bool = True) -> dict[str, Any]:
-        row: dict[str, Any] = {"id": self.id, "kind": self.kind, "source": self.source}
-        if with_text:
-            row["prompt"] = self.prompt
-        if self.ids is not None:
-            row["ids"] = self.ids
-        return row
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,24 +427,6 @@ def drop_benchmark_overlap(rows: list[PromptRow], markers: Sequence[str]) -> tup
     return kept, len(rows) - len(kept)
 
 
-def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of one user turn through the chat template, exactly as the engine builds them
-    (template text, then encode without special tokens: no BOS)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def tokenize_rows(tokenizer: Any, rows: Iterable[PromptRow], max_tokens: int) -> list[PromptRow]:
-    out = []
-    for r in rows:
-        ids = chat_ids(tokenizer, r.prompt)
-        if len(ids) <= max_tokens:
-            r.ids = ids
-            out.append(r)
-    return out
-
-
-
 # --------------------------------------------------------------------------------------------
 # Package code items
 # --------------------------------------------------------------------------------------------
@@ -528,7 +501,6 @@ FUNC_TEMPLATES = (
     (0.05, "Finish this Python function so that it does what its docstring says.\n\n```python\n{stub}```"),
     (0.05, "Write the implementation of the following function.\n\n```python\n{stub}```"),
 )
-MAGPIE_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 MAX_BODY_LINES = 30
 
 
@@ -632,7 +604,6 @@ def function_prompts(n: int, seed: int = 0, packages: Sequence[str] = PACKAGES,
     stats.update(candidates=len(found), kept=len(rows), with_examples=sum(">>>" in r.prompt for r in rows),
                  dropped_benchmark_overlap=dropped)
     return rows, stats
-
 
 
 # --------------------------------------------------------------------------------------------
