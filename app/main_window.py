@@ -28,6 +28,7 @@ from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
 from app.models.catalog_actions import install_catalog_actions
 from app.models.import_action import install_import_action
+from app.models.train_dialog import install_train_action
 from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
 from app.models.validation import DraftValidator
@@ -382,6 +383,7 @@ class MainWindow(QMainWindow):
         for a in (self.act_new, self.act_open_target, self.act_open_draft, self.act_prepare):
             m.addAction(a)
         self.act_import_hf = install_import_action(self)  # File → Import Hugging Face folder… (docs/import.md)
+        install_train_action(self)  # File → Train a draft… (docs/training.md)
         m.addSeparator()
         m.addAction(self.act_quit)
         m = self.menuBar().addMenu("&View")

@@ -1,17 +1,18 @@
-"""The project's one sha256 and GGUF lookup: the prepare commands and the draft trainer verify the
-same source files the same way, so a damaged download is refused with the same words everywhere."""
+"""File checksums and GGUF lookup shared by the whole project (prepare, inspect, training).
+
+Standard library only, so the runtime engine, the installer and the training jobs on a machine
+without OpenVINO can all use it.
+"""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from engine.errors import ModelFolderError
-
 _BLOCK = 1 << 20
 
 
 def sha256_file(path: Path | str) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks (GGUFs are hundreds of MB)."""
+    """Hex SHA-256 of a file, read in 1 MiB blocks (GGUFs are too large to read at once)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(_BLOCK), b""):
@@ -19,15 +20,13 @@ def sha256_file(path: Path | str) -> str:
     return h.hexdigest()
 
 
-def find_gguf(folder: Path | str) -> Path:
-    """The one *.gguf file in `folder`; an error names what was found when there is not exactly one."""
+def find_gguf(folder: Path | str) -> Path | None:
+    """The GGUF file a folder holds: the folder itself when it is a .gguf file, else the one *.gguf
+    inside it (None when there is none). Several GGUFs are ambiguous: ValueError naming them."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ModelFolderError(f"{folder} is not a folder: give the folder that holds the model's .gguf file.")
-    found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".gguf")
-    if not found:
-        raise ModelFolderError(f"{folder} holds no .gguf file.")
+    if folder.is_file():
+        return folder if folder.suffix.lower() == ".gguf" else None
+    found = sorted(p for p in folder.glob("*.gguf") if p.is_file())
     if len(found) > 1:
-        raise ModelFolderError(f"{folder} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}): "
-                               "keep only the one to use.")
-    return found[0]
+        raise ValueError(f"{folder} holds several GGUF files ({', '.join(p.name for p in found)}): name one of them")
+    return found[0] if found else None

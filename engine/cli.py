@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub, model_args, _resolve_models)
 
+    try:  # the bundled app ships without the training stack (installer/dflash-studio.spec)
+        from engine.training.cli import add_parser as add_train_draft  # torch is imported only when it runs
+    except ImportError:
+        add_train_draft = None
+    if add_train_draft is not None:
+        add_train_draft(sub)
+
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)

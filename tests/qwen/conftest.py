@@ -25,7 +25,7 @@ def qwen_random_draft(tmp_path_factory: pytest.TempPathFactory, qwen_target: Pat
     """An untrained 1-layer DFlash draft of Qwen2.5-Coder-0.5B's dimensions (block 8): shapes, not acceptance."""
     import torch
 
-    from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
     from engine.export.draft import export_draft
 
     cfg = json.loads((qwen_target / "config.json").read_text())
