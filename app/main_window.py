@@ -26,12 +26,15 @@ from app.chat.store import CorruptFile, HistoryConflict, HistoryStore
 from app.chat.view import DRAFT_BG, ChatView
 from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
+from app.models.catalog_actions import install_catalog_actions
 from app.models.import_action import install_import_action
+from app.models.train_dialog import install_train_action
 from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
 from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
 from app.qt_tracking import TrackedTimer
+from app.server.panel import ServerPanel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
@@ -354,6 +357,12 @@ class MainWindow(QMainWindow):
         self.plots = LivePlots()
         self.plots_dock = self._dock("Live plots", "plotsDock", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
 
+        # The local OpenAI-compatible server (docs/serving.md), a tab beside the Session panel
+        self.server_panel = ServerPanel(self.controller, self.settings)
+        self.server_dock = self._dock("Server", "serverDock", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.side_dock, self.server_dock)
+        self.side_dock.raise_()
+
     def _dock(self, title: str, name: str, w: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         d = QDockWidget(title, self)
         d.setObjectName(name)
@@ -374,6 +383,7 @@ class MainWindow(QMainWindow):
         for a in (self.act_new, self.act_open_target, self.act_open_draft, self.act_prepare):
             m.addAction(a)
         self.act_import_hf = install_import_action(self)  # File → Import Hugging Face folder… (docs/import.md)
+        install_train_action(self)  # File → Train a draft… (docs/training.md)
         m.addSeparator()
         m.addAction(self.act_quit)
         m = self.menuBar().addMenu("&View")
@@ -387,7 +397,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_chat_tab)
         m.addAction(self.act_compare_tab)
         m.addSeparator()
-        for d in (self.conv_dock, self.side_dock, self.plots_dock):
+        for d in (self.conv_dock, self.side_dock, self.plots_dock, self.server_dock):
             m.addAction(d.toggleViewAction())
         m = self.menuBar().addMenu("&Help")
         where = str(self.log_path) if self.log_path else "not written (the data folder is not writable)"
@@ -434,6 +444,7 @@ class MainWindow(QMainWindow):
         self.conv_list.itemChanged.connect(self._on_conv_renamed)
         self.model_panel.load_requested.connect(self.load_models)
         self.model_panel.prepare_requested.connect(self.prepare_default)
+        install_catalog_actions(self)  # the catalogue's Prepare / Remove buttons in the target picker
         self.model_panel.selection_changed.connect(self._update_actions)
         self.act_open_target.triggered.connect(self.model_panel._browse_target)
         self.act_open_draft.triggered.connect(self.model_panel._browse_draft)
@@ -1109,6 +1120,7 @@ class MainWindow(QMainWindow):
         if self._prepare_dialog is not None:
             self._prepare_dialog.stop()
         self.hide()
+        self.server_panel.stop()  # clients' running requests finish (a few seconds) before the engine stops
         self.controller.shutdown()  # cancels the running request and waits for the thread
         for conv in {id(c): c for c, _m in self.streams.values()}.values():
             self._save(conv)

@@ -42,6 +42,10 @@ K_COMPARE = "compare/"  # prefix of the comparison panel's settings
 K_SYSTEM_PROMPT = "generation/system_prompt"
 K_MARK_DRAFT = "chat/mark_draft_tokens"
 K_LAST_CONVERSATION = "chat/last_conversation"
+K_SERVER_HOST = "server/host"
+K_SERVER_PORT = "server/port"
+K_SERVER_API_KEY = "server/api_key"  # kept in the settings file in plain text, like a client's config
+K_SERVER_MAX_QUEUE = "server/max_queue"
 
 
 def open_settings(path: str | os.PathLike | None = None) -> QSettings:

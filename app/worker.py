@@ -85,6 +85,9 @@ class GenerateRequest:
     prompt: Any  # str | list[dict] | list[int]
     config: GenerationConfig
     chat: bool | None = None
+    # A local-server request (app/server/worker_loop.py): it admits itself (`admit(pipe, info)` -> request
+    # id, or None when it refused) and hears its events, end and failure on this thread, not via signals.
+    sink: Any = None
 
 
 @dataclass
@@ -256,6 +259,7 @@ class EngineWorker(QObject):
         self._live: dict[int, _Live] = {}  # request id -> live request (worker thread)
         self._pumping = False
         self.shutting_down = threading.Event()
+        self.step_observer: Callable[[float], None] | None = None  # seconds per engine step (the server's metrics)
 
     # -- called from the GUI thread (thread-safe) ------------------------------------------------
     def request_cancel(self, tag: str) -> None:
@@ -356,13 +360,24 @@ class EngineWorker(QObject):
         if self._is_cancelled(tag):
             with self._lock:
                 self._cancelled.discard(tag)
-            self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
+            if req.sink is not None:
+                req.sink.finished("cancelled", None)
+            else:
+                self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
             return
         pipe = self._pipe
         if pipe is None:
-            self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
+            if req.sink is not None:
+                req.sink.failed("No model is loaded: load a target in the app first.")
+            else:
+                self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
             return
         tally = _Tally()
+        if req.sink is not None:
+            rid = req.sink.admit(pipe, self._info)
+            if rid is not None:
+                self._live[rid] = _Live(req, rid, tally)
+            return
         prompt, dropped = req.prompt, 0
         try:
             if req.chat and isinstance(prompt, list) and hasattr(pipe, "fit_chat"):
@@ -388,11 +403,18 @@ class EngineWorker(QObject):
                     pass
                 lv.cancel_sent = lv.cancel_this_step = True
         try:
+            t0 = time.perf_counter()
             events = pipe.step()
+            if self.step_observer is not None:
+                self.step_observer(time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - every live request fails; the app keeps running
             err = ErrorInfo.from_exception(exc, "Generating")
             live, self._live = list(self._live.values()), {}
             for lv in live:
+                if lv.req.sink is not None:
+                    self._forget(pipe, lv.rid, lv.tag)
+                    lv.req.sink.failed(err.message)
+                    continue
                 if lv.batch:
                     self.events_ready.emit(lv.tag, lv.batch)
                     lv.batch = []
@@ -423,6 +445,9 @@ class EngineWorker(QObject):
                 lv.reason = "cancelled" if lv.cancel_sent else lv.reason
         now = time.perf_counter()
         for lv in list(self._live.values()):
+            if lv.req.sink is not None and lv.batch:  # a server request streams every step
+                lv.req.sink.events(lv.batch)
+                lv.batch = []
             if lv.batch and (lv.done or now - lv.last_flush >= self.flush_interval_s):
                 self.events_ready.emit(lv.tag, lv.batch)
                 lv.batch = []
@@ -436,6 +461,10 @@ class EngineWorker(QObject):
             metrics = pipe.metrics(lv.rid)
         except Exception:  # noqa: BLE001 - fall back to what the events said
             metrics = None
+        if lv.req.sink is not None:
+            self._forget(pipe, lv.rid, lv.tag)
+            lv.req.sink.finished(lv.reason, metrics)
+            return
         stats = stats_from_metrics(metrics, lv.tally, self._info)
         stats.update(request_stats(lv.req.config, self._info))
         stats["finish_reason"] = lv.reason
@@ -578,6 +607,18 @@ class EngineController(QObject):
         self._wake.emit()
         if not was:
             self.busy_changed.emit(True)
+
+    def submit_external(self, req: GenerateRequest) -> None:
+        """Queue a request with a sink (the local server; any thread): it runs in the same steps as the
+        chats, after the loads sent before it, and is not one of the chat's pending replies."""
+        if self._closed:
+            req.sink.failed("The app is closing.")
+            return
+        self._worker.enqueue(req, self._epoch)
+        self._wake.emit()
+
+    def set_step_observer(self, observer: Callable[[float], None] | None) -> None:
+        self._worker.step_observer = observer
 
     def bench(self, job: BenchJob) -> bool:
         """Queue a comparison run on the engine thread (after what is already queued there)."""

@@ -74,30 +74,28 @@ def _device_name(text: str) -> str:
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    if args.target:
-        target = Path(args.target)
-    else:
-        from engine.paths import default_target_dir
-        from engine.markers import is_prepared
+    from engine.catalog import resolve_models
 
-        target = default_target_dir()
-        if not is_prepared(target):
-            from engine.bundled import has_bundled_default, install_default
+    if not args.target:
+        _install_bundled_default()
+    target, drafts = resolve_models(args.target, args.draft)
+    return target, (drafts[0] if drafts else None)
 
-            if not has_bundled_default():
-                raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
-                                  "`dflash-studio prepare` first, or pass --target DIR.")
-            _say(f"First run: installing the bundled default model into {target.parent} (once).")
-            install_default(progress=_progress_printer(), notice=_say)
-    if args.draft is None:
-        from engine.paths import best_draft_dir
 
-        draft = best_draft_dir() if not args.target else None
-    elif args.draft.lower() == "none":
-        draft = None
-    else:
-        draft = Path(args.draft)
-    return target, draft
+def _install_bundled_default() -> None:
+    """The installed app's first `generate` / `bench`: copy the bundled default model the way the app's
+    first start does, instead of stopping with "not prepared yet" (a source checkout has no bundle)."""
+    from engine.markers import is_prepared
+    from engine.paths import default_target_dir
+
+    target = default_target_dir()
+    if is_prepared(target):
+        return
+    from engine.bundled import has_bundled_default, install_default
+
+    if has_bundled_default():
+        _say(f"First run: installing the bundled default model into {target.parent} (once).")
+        install_default(progress=_progress_printer(), notice=_say)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -143,6 +141,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Build the embedded default (source checkout) or install the bundled one (the installed app,
     which has no torch to build with); stdout is the prepared folder's path and nothing else."""
+    if args.model or args.remove or args.list or args.wheels or args.keep_intermediates:
+        from engine.prepare_catalog import prepare_cli
+
+        return prepare_cli(args, _progress_printer(args.quiet))
     progress = _progress_printer(args.quiet)
     with _stdout_to_stderr():
         if getattr(sys, "frozen", False):
@@ -163,6 +165,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.kind == "serving":
+        from engine.export.serving import run_cli
+
+        return run_cli(args)
+    if not args.input:
+        raise ValueError(f"export --kind {args.kind} needs --input DIR (the Hugging Face folder).")
     from engine.inspect_folder import inspect_hf_folder
     from engine.paths import check_writable
 
@@ -249,6 +257,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable(Path(args.out), "The --out folder")  # before the run, not after it
+    if not args.target:
+        _install_bundled_default()
     chosen = [d for d in ([args.draft] if isinstance(args.draft, str) else args.draft or []) if d.lower() != "none"]
     if chosen:
         target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
@@ -274,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
 
     def model_args(sp: argparse.ArgumentParser, several_drafts: bool = False) -> None:
-        sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
+        sp.add_argument("--target", help="target OpenVINO folder, or a prepared catalogue model by name "
+                                         "(qwen2.5-coder-0.5b; default: the embedded SmolLM2)")
         if several_drafts:
             sp.add_argument("--draft", nargs="+", default=None, metavar="DIR",
                             help="draft folders to compare (default: the best prepared draft; 'none' for the "
@@ -320,16 +331,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
-    e.add_argument("--kind", choices=["target", "draft"], required=True)
-    e.add_argument("--input", required=True, help="Hugging Face checkpoint folder")
+    e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,
+                   help="serving: a draft as the checkpoint vLLM / SGLang load, with their launch command")
+    e.add_argument("--input", help="Hugging Face checkpoint folder (target, draft)")
+    e.add_argument("--target", help="serving: the target's folder (default: the embedded SmolLM2)")
+    e.add_argument("--draft", help="serving: the draft checkpoint (or its exported IR)")
+    e.add_argument("--engine", choices=["vllm", "sglang"], help="serving: the engine the README launches")
     e.add_argument("--output", required=True, help="OpenVINO folder to write")
     e.add_argument("--weight-format", default=None, help="int4|int8|fp16|fp32 (target default int8, draft fp32)")
     e.set_defaults(func=cmd_export)
 
-    pr = sub.add_parser("prepare", help="build the embedded default models into the user data folder")
+    pr = sub.add_parser("prepare", help="build the embedded default models (or --model NAME) into the user data folder")
     pr.add_argument("--force", action="store_true", help="rebuild even if prepared")
     pr.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
     pr.add_argument("--quiet", action="store_true")
+    from engine.prepare_catalog import add_prepare_args
+
+    add_prepare_args(pr)
     pr.set_defaults(func=cmd_prepare)
 
     v = sub.add_parser("draft-vocab", help="write a draft's sub-vocabulary (its lm_head then scores only those tokens)")
@@ -342,6 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vocab-size", type=int, help="the target's vocabulary size (default: the draft's config.json)")
     v.add_argument("--heldout", type=int, default=0, help="first N rows held out to report coverage")
     v.set_defaults(func=cmd_draft_vocab)
+
+    from engine.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub, model_args, _resolve_models)
+
+    try:  # the bundled app ships without the training stack (installer/dflash-studio.spec)
+        from engine.training.cli import add_parser as add_train_draft  # torch is imported only when it runs
+    except ImportError:
+        add_train_draft = None
+    if add_train_draft is not None:
+        add_train_draft(sub)
 
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")

@@ -8,7 +8,6 @@ change or addition moves the folder aside first (`set_aside_user_work`), and the
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -17,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from engine.checksums import sha256_file
 from engine.export.target import package_versions
 from engine.models.draft_vocab import VOCAB_FILE
 
@@ -189,11 +189,3 @@ def aside_path(folder: Path) -> Path:
         n += 1
         aside = folder.with_name(f"{folder.name}.yours-{stamp}-{n}")
     return aside
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

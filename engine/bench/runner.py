@@ -757,14 +757,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
-    from engine.cli import _resolve_models
+    from engine.catalog import resolve_models
 
-    chosen = [args.draft] if isinstance(args.draft, str) else list(args.draft or [])
-    ns = argparse.Namespace(target=args.target, draft=("none" if chosen else None))
-    target, default_draft = _resolve_models(ns)
-    drafts = [Path(d) for d in chosen if d.lower() != "none"]
-    if not chosen and default_draft is not None:
-        drafts.insert(0, default_draft)
+    # No --draft: a catalogue target's drafts, all of them, the best first.
+    target, drafts = resolve_models(args.target, args.draft or None)
     decodings: list[Decoding] = []
     if not args.no_greedy:
         decodings.append(Decoding(repetition_penalty=args.repetition_penalty))
