@@ -89,7 +89,7 @@ def _install_bundled_default() -> None:
     from engine.paths import default_target_dir
 
     target = default_target_dir()
-    if is_prepared(target):
+    if is_prepared(target, verify_checksums=False):  # sizes only: the catalogue's own check, cheap
         return
     from engine.bundled import has_bundled_default, install_default
 
