@@ -1,4 +1,4 @@
-"""`dflash-studio` command line: gui, generate, bench, export, prepare, devices."""
+"""`dflash-studio` command line: gui, generate, bench, row-invariance, export, prepare, devices."""
 from __future__ import annotations
 
 import argparse
@@ -148,6 +148,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def cmd_row_invariance(args: argparse.Namespace) -> int:
+    from engine.row_invariance import run_cli
+
+    return run_cli(args)
+
+
 def cmd_gui(args: argparse.Namespace) -> int:
     from app.__main__ import main as gui_main
 
@@ -202,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("row-invariance", help="score the same target rows alone, in k-row windows, beside other "
+                                              "requests and after chunked prefills; print the largest logit differences")
+    from engine.row_invariance import add_args as add_row_invariance_args
+
+    add_row_invariance_args(r)
+    r.set_defaults(func=cmd_row_invariance)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
     e.add_argument("--kind", choices=["target", "draft"], required=True)
