@@ -33,6 +33,7 @@ from app.qt_tracking import TrackedTimer
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
+from engine.models.properties import is_lossless, precision_label
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
@@ -627,6 +628,8 @@ class MainWindow(QMainWindow):
         text += f"  ·  {info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
         if self.engine_label:
             text += f"  ·  {self.engine_label}"
+        text += "  ·  default precision" + (", lossless" if is_lossless(info.device, "default") else "")
+        self.device_label.setToolTip(precision_label(info.device, "default"))
         self.device_label.setText(text)
 
     def _on_load_failed(self, err: ErrorInfo) -> None:

@@ -53,6 +53,11 @@ def is_cpu(device: str) -> bool:
     return device.upper().startswith("CPU")
 
 
+def is_lossless(device: str, precision: str) -> bool:
+    """Whether greedy speculative output equals the target alone's token for token in this mode."""
+    return precision == "f32" or is_cpu(device)
+
+
 def precision_label(device: str, precision: str) -> str:
     """What the app and the bench show for a mode: what it computes and whether it is lossless."""
     if precision == "f32":
