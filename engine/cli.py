@@ -151,7 +151,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_row_invariance(args: argparse.Namespace) -> int:
     from engine.row_invariance import run_cli
 
-    return run_cli(args)
+    target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
+    return run_cli(args, target)
 
 
 def cmd_gui(args: argparse.Namespace) -> int:

@@ -125,7 +125,7 @@ class _Scorer:
                 k = 1
             else:
                 self._prefill(prompt, p, rows)
-            neighbours = self._start_neighbours() if layout == "batch" else None
+            neighbours = {seq: 0 for seq in _NEIGHBOURS} if layout == "batch" else None
             for s in range(0, len(ids), k):
                 window = ids[s: s + k]
                 chunks = [SeqChunk(_SEQ, window, p + s, len(window))]
@@ -136,9 +136,6 @@ class _Scorer:
             for seq in (_SEQ, *_NEIGHBOURS):
                 self.t.blocks.release(seq)
         return np.stack(rows)
-
-    def _start_neighbours(self) -> dict[int, int]:
-        return {seq: 0 for seq in _NEIGHBOURS}
 
     def _neighbour_chunks(self, lengths: dict[int, int]) -> list[SeqChunk]:
         """A request decoding one row, one verifying 3 rows, one prefilling 48-row chunks."""
@@ -189,7 +186,7 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
             forced = [greedy_continuation(target, p, tokens) for p in encoded]
         scorer = _Scorer(target, neighbour)
         ref = []
-        decode_s = decode_calls = 0.0
+        decode_s, decode_calls = 0.0, 0
         for p, ids in zip(encoded, forced):
             ref.append(scorer.run(p, ids[:-1], "window", 1))
             decode_s, decode_calls = decode_s + scorer.seconds, decode_calls + scorer.calls
@@ -262,12 +259,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run_cli(args: argparse.Namespace, target: Path) -> int:
+    """`dflash-studio row-invariance` on `target` (engine/cli.py resolves the embedded default)."""
     import sys
 
-    from engine.cli import _resolve_models
-
-    target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
     settings = ([_parse_setting(s, args.device) for s in args.setting] if args.setting
                 else standard_settings(args.device))
     results = measure(target, settings, args.prompt or list(PROMPTS), args.tokens, tuple(args.rows),
