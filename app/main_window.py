@@ -39,6 +39,7 @@ from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, Gene
 from engine import paths
 from engine.devices import DeviceInfo
 from engine.generation_defaults import recommended_decoding
+from engine.models.properties import is_lossless, precision_label
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
@@ -758,6 +759,8 @@ class MainWindow(QMainWindow):
         text += f"  ·  {info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
         if self.engine_label:
             text += f"  ·  {self.engine_label}"
+        text += "  ·  default precision" + (", lossless" if is_lossless(info.device, "default") else "")
+        self.device_label.setToolTip(precision_label(info.device, "default"))
         self.device_label.setText(text)
 
     def _on_load_failed(self, err: ErrorInfo) -> None:

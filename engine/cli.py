@@ -1,4 +1,5 @@
-"""`dflash-studio` command line: gui, generate, bench, export, prepare, draft-vocab, devices.
+"""`dflash-studio` command line: gui, generate, bench, row-invariance, export, prepare,
+draft-vocab, train-draft, serve, devices.
 
 Every expected failure (bad input, a bad or unreadable file, a folder that cannot be written) ends
 in `main`'s one error boundary: a short message that says what is wrong and what to do, exit code
@@ -270,6 +271,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def cmd_row_invariance(args: argparse.Namespace) -> int:
+    from engine.row_invariance import run_cli
+
+    target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
+    return run_cli(args, target)
+
+
 def cmd_gui(args: argparse.Namespace) -> int:
     from app.__main__ import main as gui_main
 
@@ -296,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="CPU", type=_device_name,
                         help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
         sp.add_argument("--precision", choices=["default", "f32"], default="default",
-                        help="f32 pins exact inference (f32, f32 KV cache, no dynamic quantization)")
+                        help="default: f32 compute, int8 dynamic quantization, u8 KV cache (lossless on CPU: rows "
+                             "do not depend on their neighbours); f32: the f32 reference (f32 KV cache, no "
+                             "dynamic quantization; slower)")
 
     gen = sub.add_parser("generate", help="generate once and print the text (or --json)")
     model_args(gen)
@@ -329,6 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("row-invariance", help="score the same target rows alone, in k-row windows, beside other "
+                                              "requests and after chunked prefills; print the largest logit differences")
+    from engine.row_invariance import add_args as add_row_invariance_args
+
+    add_row_invariance_args(r)
+    r.set_defaults(func=cmd_row_invariance)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
     e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,

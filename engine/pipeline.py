@@ -28,7 +28,7 @@ from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.files import openvino_reason
-from engine.models.properties import compile_properties
+from engine.models.properties import compile_properties, pads_single_rows
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.target import check_target_dir
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
@@ -165,7 +165,7 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             target = PagedTarget(target_dir, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb)
+                                 scheduler.cache_size_mb, pad_single_rows=pads_single_rows(device))
             draft = DraftModel(info, target_dir, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
