@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 
 from engine.config import GenerationConfig
+from engine.conversation import extend_ids
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.events import StepEvent, StepTimings, TextPiece
@@ -29,6 +30,7 @@ from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.properties import compile_properties
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.target import check_target_dir
+from engine.prefix_cache import DraftPart, PrefixCache, chain_hashes
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
 from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
 from engine.sampling.distribution import Dist
@@ -82,6 +84,12 @@ class _Request:
     rng: np.random.Generator | None = None  # the target's draws (verification, residuals, bonus)
     draft_rng: np.random.Generator | None = None  # the draft's own, independent stream
     cumulative_logprob: float = 0.0
+    prompt_text: str | None = None  # the rendering the prompt ids came from (a next turn extends it)
+    admitted: bool = False  # has run before (a preempted request is admitted again)
+    hashes: list[bytes] = field(default_factory=list)  # prefix keys of its full blocks (prompt + generated)
+    cached: int = 0  # leading blocks in the prefix cache (found there or put there)
+    staged: list[np.ndarray] = field(default_factory=list)  # target rows of the KV positions past those blocks
+    draft_kv_blocks: int = 0  # leading cached blocks whose draft part is the draft's KV
 
     @property
     def decoding(self) -> bool:
@@ -122,6 +130,10 @@ class SpeculativePipeline:
         self._next_id = 0
         self._rotate = 0
         self.last_step = StepStats()
+        self.cache: PrefixCache | None = None
+        if self.scheduler.prefix_caching:
+            self.cache = PrefixCache(target.blocks, target.bytes_per_block, self.scheduler.prefix_cache_mb << 20,
+                                     with_draft=self.drafts is not None)
 
     @classmethod
     def load(cls, target_dir: Path | str, draft_dir: Path | str | None = None, device: str = "CPU",
@@ -180,24 +192,37 @@ class SpeculativePipeline:
 
     # ---- requests ---------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Token ids for a prompt: text (chat template when the model has one), messages, or ids."""
+        """Token ids for a prompt: text (chat template when the model has one), messages, or ids. A prompt
+        that continues a finished request's conversation reuses the ids that request saw and generated
+        (engine/conversation.py), so the prefix cache finds them."""
+        return self._encode(prompt, chat)[0]
+
+    def _encode(self, prompt: Prompt, chat: bool | None) -> tuple[list[int], str | None]:
+        """(ids, the rendered text they stand for, None for ids given as such)."""
         if isinstance(prompt, str):
             use_chat = self.has_chat_template if chat is None else chat
             if use_chat:
                 text = self.tokenizer.chat_prompt([{"role": "user", "content": prompt}])
-                return self.tokenizer.encode(text, add_special_tokens=False)
-            return self.tokenizer.encode(prompt)
+                return self._text_ids(text, False), text
+            return self._text_ids(prompt, True), prompt
         items = list(prompt)
         if items and isinstance(items[0], dict):
             if not self.has_chat_template:
                 raise ValueError("This model has no chat template: send plain text for completion instead of "
                                  "chat messages.")
-            return self.tokenizer.encode(self.tokenizer.chat_prompt(items), add_special_tokens=False)
-        return [int(t) for t in items]
+            text = self.tokenizer.chat_prompt(items)
+            return self._text_ids(text, False), text
+        return [int(t) for t in items], None
+
+    def _text_ids(self, text: str, special: bool) -> list[int]:
+        known = ((r.prompt_text + r.detok.text, r.prompt_ids + r.generated) for r in reversed(self._finished.values())
+                 if r.prompt_text is not None and r.finish_reason != "stop")  # a stop string cut the text, not the ids
+        ids = extend_ids(text, known, lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
+        return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=special)
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
-        ids = self.encode_prompt(prompt, chat)
+        ids, text = self._encode(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
         n, top_k = self._draft_settings(config)
@@ -205,7 +230,7 @@ class SpeculativePipeline:
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
-                       time.perf_counter())
+                       time.perf_counter(), prompt_text=text)
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -269,10 +294,23 @@ class SpeculativePipeline:
                                 req.cumulative_logprob if req.processor is not None else None)
 
     def kv_stats(self) -> dict[str, int]:
-        """The KV cache's size and use, in blocks."""
+        """The KV cache's size and use, in blocks (free: blocks a request can take, cached idle ones included)."""
         blocks = self.target.blocks
         return {"block_size": blocks.block_size, "total_blocks": blocks.num_blocks,
-                "free_blocks": blocks.free_blocks, "used_blocks": blocks.num_blocks - blocks.free_blocks}
+                "free_blocks": blocks.free_blocks, "used_blocks": blocks.num_blocks - blocks.free_blocks,
+                "cached_blocks": self.cache.cached_blocks if self.cache is not None else 0}
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.cache is not None
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's blocks, memory (target KV + draft parts, bytes) and hits; None when it is off."""
+        return self.cache.stats() if self.cache is not None else None
+
+    def clear_prefix_cache(self) -> int:
+        """Forget every cached prefix (running requests keep their blocks); returns the bytes it held."""
+        return self.cache.clear() if self.cache is not None else 0
 
     # ---- the step loop ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
@@ -283,7 +321,7 @@ class SpeculativePipeline:
                                             finish_reason="cancelled"))
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
-            self._running.append(self._waiting.popleft())
+            self._admit(self._waiting.popleft(), stats)
         if self.policy is not None:
             self._cap_candidates()
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
@@ -324,6 +362,7 @@ class SpeculativePipeline:
             else:
                 stats.prefill_tokens += rows
                 event = self._prefill(req, rows, out.next_ids[i], out.logits[i], out.hidden[i], own)
+            self._cache_full_blocks(req)
             if event is not None:
                 event.timings.total_ms = (time.perf_counter() - t0) * 1e3
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
@@ -360,6 +399,66 @@ class SpeculativePipeline:
                 kept[req.id] = (req, rows)
         return [p for p in plan if p[0].id in kept]
 
+    def _admit(self, req: _Request, stats: StepStats) -> None:
+        """Start running `req`: with prefix caching, its longest cached prefix of full blocks becomes its own
+        KV (shared) and only the rest is computed; the draft gets what it needs to resume there."""
+        first = not req.admitted
+        req.admitted = True
+        self._running.append(req)
+        req.cached, req.staged, req.draft_kv_blocks = 0, [], 0
+        if self.cache is None:
+            return
+        bs = self.target.blocks.block_size
+        usable = (len(req.feed) - 1) // bs  # the last fed token is always computed: its row gives the next token
+        hashes = chain_hashes(req.prompt_ids + req.generated, bs, req.hashes)[:usable]
+        hit = self.cache.lookup(hashes)
+        if not hit.blocks:
+            return
+        self.target.blocks.adopt(req.id, hit.blocks)
+        req.fed = req.kv_len = hit.num_blocks * bs
+        req.cached = hit.num_blocks
+        req.draft_kv_blocks = hit.kv_blocks
+        if hit.draft_kv is not None:
+            self.drafts.preload(req.id, hit.draft_kv)
+        if hit.draft_hidden is not None:
+            req.context = [hit.draft_hidden]
+        if first:
+            req.metrics.cached_tokens = req.kv_len
+        stats.cached_tokens += req.kv_len
+
+    def _cache_full_blocks(self, req: _Request) -> None:
+        """Put the request's newly filled blocks into the prefix cache, each with its target rows for the
+        draft (replaced by the draft's own KV once the draft has taken them in: `_keep_draft_kv`)."""
+        if self.cache is None:
+            return
+        bs = self.target.blocks.block_size
+        tokens = req.prompt_ids + req.generated
+        full = min(req.kv_len, len(tokens)) // bs  # past the committed tokens the KV may hold stopped rows
+        if full <= req.cached:
+            return
+        hashes = chain_hashes(tokens, bs, req.hashes)
+        owned = self.target.blocks.blocks(req.id)
+        rows = np.concatenate(req.staged) if req.staged else None
+        for j in range(req.cached, full):
+            part = None
+            if self.drafts is not None:
+                at = (j - req.cached) * bs
+                part = DraftPart(hidden=rows[at: at + bs].copy())
+            self.cache.insert(hashes[j], owned[j], part)
+        used = (full - req.cached) * bs
+        req.staged = [rows[used:]] if rows is not None and used < rows.shape[0] else []
+        req.cached = full
+
+    def _keep_draft_kv(self, req: _Request) -> None:
+        """The draft has taken in the rows of the request's cached blocks: keep its KV in their place."""
+        bs = self.target.blocks.block_size
+        upto = min(self.drafts.lengths.get(req.id, 0) // bs, req.cached)
+        for j in range(req.draft_kv_blocks, upto):
+            part = self.cache.draft_part(req.hashes[j])
+            if part is not None and part.kv is None:
+                self.cache.set_draft_kv(req.hashes[j], self.drafts.export(req.id, j * bs, (j + 1) * bs))
+        req.draft_kv_blocks = max(req.draft_kv_blocks, upto)
+
     def _preempt(self, req: _Request, stats: StepStats) -> None:
         """Free the request's KV (and draft rows); it is recomputed from its tokens when it runs again.
         A window under validation is kept, so the output does not change."""
@@ -369,7 +468,7 @@ class SpeculativePipeline:
         req.resume = bool(req.generated)
         req.feed = req.prompt_ids + req.generated[:-1] if req.generated else list(req.prompt_ids)
         req.fed = req.kv_len = 0
-        req.context = []
+        req.context, req.staged, req.cached = [], [], 0
         req.metrics.preemptions += 1
         stats.preempted.append(req.id)
         self._running.remove(req)
@@ -404,6 +503,8 @@ class SpeculativePipeline:
         for req, d in zip(owners, got):
             req.window = [req.anchor] + d.tokens
             req.proposals, req.confidence = d.proposals, d.confidence
+            if self.cache is not None and hasattr(self.drafts, "export"):
+                self._keep_draft_kv(req)
         stats.draft_batch = len(jobs)
         return {r.id for r in owners}
 
@@ -414,6 +515,8 @@ class SpeculativePipeline:
         req.kv_len += rows
         if hidden is not None:
             req.context.append(hidden.copy())
+            if self.cache is not None:
+                req.staged.append(req.context[-1])
         if not req.decoding:
             return None
         if req.resume:
@@ -459,6 +562,8 @@ class SpeculativePipeline:
         self.target.blocks.shrink(req.id, req.kv_len)
         if hidden is not None:
             req.context.append(hidden[:kept_rows].copy())
+            if self.cache is not None:
+                req.staged.append(req.context[-1])
         req.window_pos += rows
         req.window_accepted += acc
         req.window_steps += 1
