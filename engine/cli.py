@@ -44,7 +44,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
-    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision)
+    from engine.scheduler import SchedulerConfig
+
+    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision,
+                                    scheduler=SchedulerConfig(prefix_caching=args.prefix_caching == "on"))
 
     def stream(event) -> None:
         if not args.json:
@@ -190,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--frequency-penalty", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None, help="random seed (sampling)")
     gen.add_argument("--json", action="store_true")
+    gen.add_argument("--prefix-caching", choices=["on", "off"], default="on",
+                     help="reuse the KV blocks of cached token prefixes (one request: nothing to reuse yet)")
     gen.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")

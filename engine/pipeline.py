@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -122,7 +122,7 @@ class SpeculativePipeline:
         self.draft = draft
         self.drafts = make_draft_batch(draft) if draft is not None else None
         self.precision = precision
-        self.scheduler = (scheduler or SchedulerConfig()).validate()
+        self.scheduler = replace(scheduler or SchedulerConfig()).validate()  # own copy: caching switches on it
         self.policy = make_policy(self.scheduler.draft_policy) if self.drafts is not None else None
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -131,9 +131,7 @@ class SpeculativePipeline:
         self._rotate = 0
         self.last_step = StepStats()
         self.cache: PrefixCache | None = None
-        if self.scheduler.prefix_caching:
-            self.cache = PrefixCache(target.blocks, target.bytes_per_block, self.scheduler.prefix_cache_mb << 20,
-                                     with_draft=self.drafts is not None)
+        self.set_prefix_caching(self.scheduler.prefix_caching)
 
     @classmethod
     def load(cls, target_dir: Path | str, draft_dir: Path | str | None = None, device: str = "CPU",
@@ -303,6 +301,20 @@ class SpeculativePipeline:
     @property
     def prefix_caching(self) -> bool:
         return self.cache is not None
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """Turn prefix caching on or off between requests (off forgets what was cached)."""
+        if on == (self.cache is not None):
+            return
+        if self.has_unfinished():
+            raise RuntimeError("Prefix caching is switched between requests: wait until they have finished.")
+        if on:
+            self.cache = PrefixCache(self.target.blocks, self.target.bytes_per_block,
+                                     self.scheduler.prefix_cache_mb << 20, with_draft=self.drafts is not None)
+        else:
+            self.cache.clear()
+            self.cache = self.target.blocks.cache = None
+        self.scheduler.prefix_caching = on
 
     def prefix_cache_stats(self) -> dict[str, int] | None:
         """The prefix cache's blocks, memory (target KV + draft parts, bytes) and hits; None when it is off."""
