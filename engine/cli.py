@@ -34,6 +34,7 @@ def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.config import GenerationConfig
     from engine.pipeline import SpeculativePipeline
+    from engine.scheduler import SchedulerConfig
 
     target, draft = _resolve_models(args)
     config = GenerationConfig(
@@ -44,8 +45,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
-    from engine.scheduler import SchedulerConfig
-
     pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision,
                                     scheduler=SchedulerConfig(prefix_caching=args.prefix_caching == "on"))
 
