@@ -52,7 +52,9 @@ def run_turns(runner: Any, encoder: Any, prompt: Prompt, turns: int, max_new_tok
     fresh_cache(runner)
     ids = encoder.encode(prompt)
     out = runner.run(ids, max_new_tokens, cancel)
-    ttft = [out.ttft_ms]
+    ttft = out.turn_ttft_ms = [out.ttft_ms]
+    if turns < 2:
+        return out
     tok = encoder.pipe.tokenizer
     messages = [{"role": "user", "content": prompt.text}]
     text = tok.chat_prompt(messages)
@@ -66,7 +68,7 @@ def run_turns(runner: Any, encoder: Any, prompt: Prompt, turns: int, max_new_tok
         ids = extend_ids(text, [(seen, seen_ids)], encode) or encode(text)
         out = runner.run(ids, max_new_tokens, cancel)
         ttft.append(out.ttft_ms)
-    out.turn_ttft_ms = ttft
+        out.turn_ttft_ms = ttft
     return out
 
 
