@@ -386,3 +386,34 @@ def test_switch_and_figures(tiny_qwen3_target: Path) -> None:
     for bad in ({"prefix_caching": "yes"}, {"prefix_cache_mb": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SchedulerConfig(**bad).validate()
+
+
+def test_bench_second_turn_rows_per_caching_setting(tiny_qwen3_target: Path, tiny_qwen3_drafts, tmp_path: Path) -> None:
+    """`bench --turns 2 --prefix-caching on off`: one engine row per setting, both equal to the target's
+    own greedy second turn, the TTFT of every turn in a note; a one-turn set is refused for --turns 2."""
+    import json
+
+    from engine.bench.runner import BenchSpec, run_bench
+    from engine.errors import DFlashError
+
+    data = tmp_path / "two.jsonl"
+    data.write_text("\n".join(json.dumps({"id": f"c{i}", "turns": [LONG[: 60 + 20 * i], "And then?"]})
+                              for i in range(2)) + "\n")
+
+    def loader(target, draft, device="CPU", precision="default"):
+        return SpeculativePipeline.load(target, draft, device=device, precision="f32")
+
+    spec = BenchSpec(tiny_qwen3_target, [tiny_qwen3_drafts["b8_trained"]], str(data), 2, 8, precision="f32",
+                     genai_target=False, genai_dflash=False, turns=2, prefix_caching=[True, False])
+    res = run_bench(spec, loader=loader, machine={"machine": "test"})
+    names = [r.config for r in res.rows]
+    assert len(names) == 4 and sum("[prefix cache on]" in n for n in names) == 2
+    assert all(r.matches_target == 2 and r.prompts == 2 for r in res.rows)
+    notes = [n for n in res.notes if "TTFT by turn" in n]
+    assert len(notes) == 4 and all(n.count("/") == 1 for n in notes)
+    assert "--turns 2 --prefix-caching on off" in res.settings["command"]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": "x", "prompt": "hi"}) + "\n")
+    with pytest.raises(DFlashError, match="--turns 2"):
+        run_bench(BenchSpec(tiny_qwen3_target, [], str(one), 1, 4, genai_target=False, genai_dflash=False, turns=2),
+                  loader=loader, machine={"machine": "test"})
