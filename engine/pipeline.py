@@ -90,6 +90,7 @@ class _Request:
     cached: int = 0  # leading blocks in the prefix cache (found there or put there)
     staged: list[np.ndarray] = field(default_factory=list)  # target rows of the KV positions past those blocks
     draft_kv_blocks: int = 0  # leading cached blocks whose draft part is the draft's KV
+    text_is_ids: bool | None = None  # its reply's text decodes from its ids (a next turn may reuse them)
 
     @property
     def decoding(self) -> bool:
@@ -214,9 +215,16 @@ class SpeculativePipeline:
 
     def _text_ids(self, text: str, special: bool) -> list[int]:
         known = ((r.prompt_text + r.detok.text, r.prompt_ids + r.generated) for r in reversed(self._finished.values())
-                 if r.prompt_text is not None and r.finish_reason != "stop")  # a stop string cut the text, not the ids
+                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.detok.text) and self._text_is_ids(r))
         ids = extend_ids(text, known, lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
         return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=special)
+
+    def _text_is_ids(self, req: _Request) -> bool:
+        """Whether a finished reply's text is exactly its generated ids decoded (not when a stop string cut
+        the text, nor when the reply ended inside a character), checked once."""
+        if req.text_is_ids is None:
+            req.text_is_ids = req.finish_reason != "stop" and self.tokenizer.decode(req.generated) == req.detok.text
+        return req.text_is_ids
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
