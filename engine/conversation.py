@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 
-def extend_ids(text: str, known: Iterable[tuple[str, list[int]]], encode: Callable[[str], list[int]]) -> list[int] | None:
+def extend_ids(text: str, known: Iterable[tuple[str, list[int]]],
+               encode: Callable[[str], list[int]]) -> list[int] | None:
     """Ids for `text` from the longest known (text, ids) rendering it begins with, the rest encoded alone;
     None when none fits (the caller tokenises the whole text)."""
     best: tuple[str, list[int]] | None = None

@@ -215,7 +215,8 @@ class SpeculativePipeline:
 
     def _text_ids(self, text: str, special: bool) -> list[int]:
         known = ((r.prompt_text + r.detok.text, r.prompt_ids + r.generated) for r in reversed(self._finished.values())
-                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.detok.text) and self._text_is_ids(r))
+                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.detok.text)
+                 and self._text_is_ids(r))
         ids = extend_ids(text, known, lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
         return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=special)
 

@@ -498,7 +498,8 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
 
     def result(cancelled: bool, done: int) -> BenchResult:
         rows = _aggregate(configs, [p.id for p in items[:done]])
-        return BenchResult(rows, notes + turn_notes(configs, spec.turns, done), machine if machine is not None else describe_machine(spec.device),
+        return BenchResult(rows, notes + turn_notes(configs, spec.turns, done),
+                           machine if machine is not None else describe_machine(spec.device),
                            settings, cancelled, done, len(items))
 
     try:
@@ -780,7 +781,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
                                   rng_seed=args.seed))
     return BenchSpec(target, drafts, args.dataset, args.prompts or None, args.max_new_tokens, args.device,
                      args.precision, list(args.num_assistant_tokens), list(args.markov_head_top_k), decodings,
-                     genai_target=not (args.no_genai or args.no_genai_target), genai_dflash=not (args.no_genai or args.no_genai_dflash),
+                     genai_target=not (args.no_genai or args.no_genai_target),
+                     genai_dflash=not (args.no_genai or args.no_genai_dflash),
                      turns=args.turns, prefix_caching=[x == "on" for x in dict.fromkeys(args.prefix_caching)])
 
 

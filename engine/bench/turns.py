@@ -85,7 +85,8 @@ def turn_notes(configs: list[Any], turns: int, prompts: int) -> list[str]:
     return notes
 
 
-def per_setting(configs: list[Any], settings: list[bool], turns: int, genai_cached: Callable[[], Any] | None) -> list[Any]:
+def per_setting(configs: list[Any], settings: list[bool], turns: int,
+                genai_cached: Callable[[Any], Any] | None) -> list[Any]:
     """Every engine configuration once per prefix-caching setting (labelled when there are several);
     with `turns` > 1, the openvino_genai target alone also with its prefix caching on (`genai_cached()`
     gives that peer's runner for a configuration's decoding, or None when it cannot load)."""
