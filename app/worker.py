@@ -129,7 +129,9 @@ class FinishInfo:
 
 def default_loader(target_dir, draft_dir=None, device="CPU", **kw):
     from engine.pipeline import SpeculativePipeline  # the real engine, imported on the worker thread
+    from engine.scheduler import SchedulerConfig
 
+    kw.setdefault("scheduler", SchedulerConfig(prefix_caching=True))  # a chat's next turn reuses its history
     return SpeculativePipeline.load(target_dir, draft_dir, device=device, **kw)
 
 
@@ -149,9 +151,10 @@ def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -
             v = _num(getattr(metrics, key, None))
             if v is not None:
                 s[key] = v
-        steps = getattr(metrics, "target_steps", None)
-        if isinstance(steps, int):
-            s["target_steps"] = steps
+        for key in ("target_steps", "cached_tokens"):
+            v = getattr(metrics, key, None)
+            if isinstance(v, int):
+                s[key] = v
         abp = getattr(metrics, "acceptance_by_position", None)
         if abp:
             s["acceptance_by_position"] = [round(float(x), 4) for x in abp]
@@ -243,6 +246,7 @@ class EngineWorker(QObject):
     bench_progress = Signal(str, object)  # message, fraction done (or None while loading)
     bench_finished = Signal(object)  # engine.bench.runner.BenchResult (cancelled=True when cancelled)
     bench_failed = Signal(object)  # ErrorInfo
+    cache_cleared = Signal(object)  # bytes the prefix cache held
 
     def __init__(self, loader: Loader, flush_interval_s: float) -> None:
         super().__init__()
@@ -470,8 +474,17 @@ class EngineWorker(QObject):
         stats["finish_reason"] = lv.reason
         if lv.dropped_turns:
             stats["context_dropped_turns"] = lv.dropped_turns
+        cache = getattr(pipe, "prefix_cache_stats", lambda: None)()
+        if cache:
+            stats["prefix_cache_mb"] = cache["memory_bytes"] / (1 << 20)
         self._forget(pipe, lv.rid, lv.tag)
         self.finished.emit(lv.tag, FinishInfo(lv.rid, lv.reason, stats))
+
+    @Slot()
+    def do_clear_cache(self) -> None:
+        """Forget the prefix cache (running replies keep their blocks)."""
+        clear = getattr(self._pipe, "clear_prefix_cache", None)
+        self.cache_cleared.emit(clear() if clear is not None else 0)
 
     @Slot(object)
     def do_bench(self, job: BenchJob) -> None:
@@ -527,8 +540,10 @@ class EngineController(QObject):
     bench_progress = Signal(str, object)
     bench_finished = Signal(object)
     bench_failed = Signal(object)
+    cache_cleared = Signal(object)
 
     _load_req = Signal(object)
+    _clear_req = Signal()
     _wake = Signal()  # a generate request is in the worker's queue
     _bench_req = Signal(object)
 
@@ -541,6 +556,8 @@ class EngineController(QObject):
         self._load_req.connect(self._worker.do_load)
         self._wake.connect(self._worker.pump)
         self._bench_req.connect(self._worker.do_bench)
+        self._clear_req.connect(self._worker.do_clear_cache)
+        self._worker.cache_cleared.connect(self.cache_cleared)
         self._worker.bench_progress.connect(self.bench_progress)
         self._worker.bench_finished.connect(self._on_bench_finished)
         self._worker.bench_failed.connect(self._on_bench_failed)
@@ -631,6 +648,11 @@ class EngineController(QObject):
         if not was:
             self.busy_changed.emit(True)
         return True
+
+    def clear_prefix_cache(self) -> None:
+        """Ask the engine to forget its prefix cache (answered by cache_cleared)."""
+        if not self._closed:
+            self._clear_req.emit()
 
     def cancel_bench(self) -> None:
         """The runner stops before its next prompt / configuration (and a running request at its next step)."""

@@ -103,6 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.config import GenerationConfig
     from engine.models.tokenizer import check_text
     from engine.pipeline import SpeculativePipeline
+    from engine.scheduler import SchedulerConfig
 
     check_text(args.prompt)  # the prompt and the settings before loading anything
     config = GenerationConfig(
@@ -114,11 +115,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
     target, draft = _resolve_models(args)
-    scheduler = None
+    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on")
     if args.cache_size_mb is not None:
-        from engine.scheduler import SchedulerConfig
-
-        scheduler = SchedulerConfig(cache_size_mb=args.cache_size_mb)
+        scheduler.cache_size_mb = args.cache_size_mb
     pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
 
     def stream(event) -> None:
@@ -331,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                      help="KV cache size (default 512 MB): raise it for a long prompt + --max-new-tokens")
     gen.add_argument("--json", action="store_true")
+    gen.add_argument("--prefix-caching", choices=["on", "off"], default="on",
+                     help="reuse the KV blocks of cached token prefixes (one request: nothing to reuse yet)")
     gen.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")

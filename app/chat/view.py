@@ -48,6 +48,9 @@ def format_stats(stats: dict[str, Any] | None) -> str:
         parts.append(f"{pct:.0f}% accepted")
     if "tokens" in stats:
         parts.append(f"{stats['tokens']} tokens")
+    cached = _finite(stats.get("cached_tokens"))
+    if cached:
+        parts.append(f"{cached:.0f} prompt tokens cached")
     if has_draft:
         extra = [str(stats["variant"])] if stats.get("variant") else []
         if stats.get("markov_head_top_k") is not None:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.bench.datasets import Prompt, load_prompts
+from engine.bench.turns import caching_label, check_turns, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
 from engine.errors import ContextLengthError, DFlashError
 
@@ -111,6 +112,8 @@ class BenchSpec:
     decodings: list[Decoding] = field(default_factory=lambda: [Decoding()])
     genai_target: bool = True  # the target alone through openvino_genai.LLMPipeline
     genai_dflash: bool = True  # openvino_genai's DFlash with each draft, where it can run
+    turns: int = 1  # user turns per conversation; rows report the last (engine/bench/turns.py)
+    prefix_caching: list[bool] = field(default_factory=lambda: [True])  # this engine's rows, one per setting
 
     def validate(self) -> "BenchSpec":
         """ValueError naming the setting, before anything is loaded."""
@@ -120,6 +123,10 @@ class BenchSpec:
             raise ValueError(f"prompts={self.prompts}: run at least one prompt.")
         if not self.decodings:
             raise ValueError("decodings: choose greedy, a sampling temperature, or both.")
+        if self.turns not in range(1, 9):
+            raise ValueError(f"turns={self.turns}: use 1 (the first turn) to 8 (2: MT-Bench's second turn).")
+        if not self.prefix_caching:
+            raise ValueError("prefix_caching: choose on, off, or both.")
         for n in self.num_assistant_tokens:
             if n is not None:
                 GenerationConfig(num_assistant_tokens=n).validate()
@@ -346,7 +353,8 @@ class EngineRunner:
 class GenAIRunner:
     """openvino_genai.LLMPipeline on the same IR: the target alone, or its DFlash with the same draft."""
 
-    def __init__(self, target: Path, draft: Path | None, device: str, precision: str) -> None:
+    def __init__(self, target: Path, draft: Path | None, device: str, precision: str,
+                 prefix_caching: bool = False) -> None:
         import openvino_genai as ov_genai
 
         from engine.models.properties import compile_properties
@@ -354,9 +362,9 @@ class GenAIRunner:
         props = compile_properties(device, precision)
         props.pop("PERFORMANCE_HINT", None)
         sc = ov_genai.SchedulerConfig()
-        # No prefix caching: DFlash CB/PA refuses it, and for the target alone it would reuse the chat
-        # template's shared system prompt across prompts (a TTFT this engine does not get).
-        sc.enable_prefix_caching = False
+        # No prefix caching unless asked for (multi-turn rows): DFlash CB/PA refuses it, and for the target
+        # alone it would reuse the chat template's shared system prompt across prompts.
+        sc.enable_prefix_caching = prefix_caching
         if draft is None:
             self.pipe = ov_genai.LLMPipeline(str(target), device, scheduler_config=sc, **props)
         else:
@@ -478,17 +486,20 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     items = load_prompts(spec.dataset, spec.prompts)
     if not items:
         raise DFlashError(f"The prompt set {spec.dataset!r} is empty.")
+    check_turns(items, spec.turns)
     target = Path(spec.target)
     notes: list[str] = []
     configs: list[_Config] = []
     settings = {"target": target.name, "dataset": spec.dataset, "prompts": len(items),
                 "max_new_tokens": spec.max_new_tokens, "device": spec.device, "precision": spec.precision,
+                "turns": spec.turns, "prefix_caching": [caching_label(x) for x in spec.prefix_caching],
                 "order": "prompt-major, one request at a time, one untimed warm-up per configuration",
                 "command": spec_command(spec)}
 
     def result(cancelled: bool, done: int) -> BenchResult:
         rows = _aggregate(configs, [p.id for p in items[:done]])
-        return BenchResult(rows, notes, machine if machine is not None else describe_machine(spec.device),
+        return BenchResult(rows, notes + turn_notes(configs, spec.turns, done),
+                           machine if machine is not None else describe_machine(spec.device),
                            settings, cancelled, done, len(items))
 
     try:
@@ -533,7 +544,7 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
                 finished = False
                 break
             say(f"{c.row.config}: prompt {prompt.id}", done_runs / total)
-            out = c.runner.run(ids, spec.max_new_tokens, stop)
+            out = run_turns(c.runner, encoder, prompt, spec.turns, spec.max_new_tokens, stop)
             if out.finish_reason == "cancelled":
                 finished = False
                 break
@@ -625,6 +636,21 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                                            target.name, path.name, ds, n, variant, None, dec.label, dec.greedy,
                                            base_name),
                                        GenAIConfigRunner(genai_dflash[path], n, dec), dec))
+    cached_peer: list[GenAIRunner | None] = []
+
+    def genai_cached(dec: Decoding) -> GenAIConfigRunner | None:
+        """openvino_genai's target alone with its prefix caching on (multi-turn rows), loaded once."""
+        if not cached_peer:
+            say(f"loading {target.name} (openvino_genai, prefix caching on)", None)
+            try:
+                cached_peer.append(GenAIRunner(target, None, spec.device, spec.precision, prefix_caching=True))
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"target alone (openvino_genai, prefix caching on): skipped, it could not load: "
+                             f"{_one_line(exc)}")
+                cached_peer.append(None)
+        return GenAIConfigRunner(cached_peer[0], 0, dec) if cached_peer[0] is not None else None
+
+    configs[:] = per_setting(configs, spec.prefix_caching, spec.turns, genai_cached if spec.genai_target else None)
 
 
 def _genai_dflash_refusal(variant: str | None, has_head: bool, dec: Decoding) -> str:
@@ -749,6 +775,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-genai", action="store_true", help="skip both openvino_genai peers")
     p.add_argument("--no-genai-target", action="store_true", help="skip the target alone in openvino_genai")
     p.add_argument("--no-genai-dflash", action="store_true", help="skip openvino_genai's DFlash")
+    p.add_argument("--turns", type=int, default=1, choices=range(1, 9), metavar="N",
+                   help="user turns per conversation, each answer the next turn's history; rows report the last "
+                        "(2: MT-Bench's second turn; more: --dataset chat-turns)")
+    p.add_argument("--prefix-caching", nargs="+", default=["on"], choices=["on", "off"],
+                   help="this engine's prefix cache (cleared before every conversation); both: one row each")
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list (machine on stderr)")
     p.add_argument("--out", help="folder to write results.md / results.csv / results.json")
     from engine.bench.concurrency import add_concurrency_args
@@ -769,7 +800,9 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
                                   rng_seed=args.seed))
     return BenchSpec(target, drafts, args.dataset, args.prompts or None, args.max_new_tokens, args.device,
                      args.precision, list(args.num_assistant_tokens), list(args.markov_head_top_k), decodings,
-                     genai_target=not (args.no_genai or args.no_genai_target), genai_dflash=not (args.no_genai or args.no_genai_dflash))
+                     genai_target=not (args.no_genai or args.no_genai_target),
+                     genai_dflash=not (args.no_genai or args.no_genai_dflash),
+                     turns=args.turns, prefix_caching=[x == "on" for x in dict.fromkeys(args.prefix_caching)])
 
 
 def spec_command(spec: BenchSpec) -> str:
@@ -798,6 +831,10 @@ def spec_command(spec: BenchSpec) -> str:
         parts.append("--no-greedy")
     if spec.decodings and spec.decodings[0].repetition_penalty != 1.0:
         parts += ["--repetition-penalty", f"{spec.decodings[0].repetition_penalty:g}"]
+    if spec.turns != 1:
+        parts += ["--turns", str(spec.turns)]
+    if spec.prefix_caching != [True]:
+        parts += ["--prefix-caching", *("on" if x else "off" for x in spec.prefix_caching)]
     if not spec.genai_target and not spec.genai_dflash:
         parts.append("--no-genai")
     elif not spec.genai_dflash:
