@@ -26,7 +26,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
-from engine.errors import DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+from engine.errors import ContextLengthError, DeviceError, DFlashError, DraftMismatchError, ModelFolderError
 from engine.metrics import RequestMetrics
 
 Loader = Callable[..., Any]
@@ -43,6 +43,8 @@ class ErrorInfo:
     @classmethod
     def from_exception(cls, exc: BaseException, doing: str) -> "ErrorInfo":
         details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, ContextLengthError):  # a refusal like a bad setting: the window gives the text back
+            return cls("Does not fit", f"{doing} failed: {exc}", details, "ValueError")
         if isinstance(exc, DFlashError):
             title = {
                 ModelFolderError: "Model folder problem",
