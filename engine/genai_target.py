@@ -91,9 +91,21 @@ class GenAITargetPipeline:
         return self.tokenizer.has_chat_template
 
     def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
-        from engine.pipeline import SpeculativePipeline
-
-        return SpeculativePipeline.encode_prompt(self, prompt, chat)  # same rules, same tokenizer
+        """The paged pipeline's rules (text: the chat template when the model has one; messages; ids), without
+        its prefix-cache mapping: this path keeps no finished requests to extend."""
+        if isinstance(prompt, str):
+            use_chat = self.has_chat_template if chat is None else chat
+            if use_chat:
+                return self.tokenizer.encode(self.tokenizer.chat_prompt([{"role": "user", "content": prompt}]),
+                                             add_special_tokens=False)
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            if not self.has_chat_template:
+                raise ValueError("This model has no chat template: send plain text for completion instead of "
+                                 "chat messages.")
+            return self.tokenizer.encode(self.tokenizer.chat_prompt(items), add_special_tokens=False)
+        return [int(t) for t in items]
 
     def add_request(self, prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()

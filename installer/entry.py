@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-CLI_COMMANDS = {"generate", "bench", "export", "prepare", "draft-vocab", "devices", "gui", "serve", "train-draft"}
+CLI_COMMANDS = {"generate", "bench", "row-invariance", "export", "prepare", "draft-vocab", "devices", "gui", "serve",
+                "train-draft"}
 
 
 def _usable_streams() -> None:
