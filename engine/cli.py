@@ -1,4 +1,8 @@
-"""`dflash-studio` command line: gui, generate, bench, export, prepare, devices."""
+"""The engine's command line: generate, bench, export, prepare, draft-vocab, devices.
+
+`dflash-studio` (the launcher, dflash_studio/) opens the desktop app for no subcommand or `gui`,
+and runs this for everything else; engine/ itself never imports the app.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,51 +10,15 @@ import json
 import sys
 from pathlib import Path
 
+from engine.console import progress_printer, resolve_models
 from engine.errors import DFlashError
 
 
-def _progress_printer(quiet: bool = False):
-    """A progress callback that draws one updating line on stderr."""
-    def show(message: str, fraction: float | None = None) -> None:
-        if quiet:
-            return
-        bar = ""
-        if fraction is not None:
-            filled = int(max(0.0, min(1.0, fraction)) * 30)
-            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}% "
-        print(f"\r{bar}{message[:80]:<80}", end="", file=sys.stderr, flush=True)
-        if fraction is not None and fraction >= 1.0:
-            print(file=sys.stderr)
-    return show
-
-
-def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    if args.target:
-        target = Path(args.target)
-    else:
-        from engine.paths import default_target_dir
-        from engine.prepare import is_prepared
-
-        target = default_target_dir()
-        if not is_prepared(target):
-            raise DFlashError(f"The embedded default target is not prepared yet ({target}): run "
-                              "`dflash-studio prepare` first, or pass --target DIR.")
-    if args.draft is None:
-        from engine.paths import best_draft_dir
-
-        draft = best_draft_dir() if not args.target else None
-    elif args.draft.lower() == "none":
-        draft = None
-    else:
-        draft = Path(args.draft)
-    return target, draft
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.api import load_engine
     from engine.config import GenerationConfig
-    from engine.pipeline import SpeculativePipeline
 
-    target, draft = _resolve_models(args)
+    target, draft = resolve_models(args.target, args.draft)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         num_assistant_tokens=args.num_assistant_tokens, markov_head_top_k=args.markov_head_top_k,
@@ -59,7 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
-    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision)
+    pipe = load_engine(target, draft, device=args.device, precision=args.precision)
 
     def stream(event) -> None:
         if not args.json:
@@ -82,13 +50,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from engine.prepare import prepare_default
 
-    path = prepare_default(force=args.force, weight_format=args.weight_format, progress=_progress_printer(args.quiet))
+    path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress_printer(args.quiet))
     print(path)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    show = _progress_printer()
+    show = progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
 
@@ -143,19 +111,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench.runner import run_cli
+    from engine.bench.cli import run_cli
 
     return run_cli(args)
 
 
-def cmd_gui(args: argparse.Namespace) -> int:
-    from app.__main__ import main as gui_main
-
-    return gui_main(args.qt_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__)
+    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
 
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
@@ -198,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")
     model_args(b, several_drafts=True)
-    from engine.bench.runner import add_bench_args
+    from engine.bench.cli import add_bench_args
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
@@ -235,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] == "gui" or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        # The app parses its own options (--target, --draft, --device, ...) and leaves the rest to Qt.
-        return cmd_gui(argparse.Namespace(qt_args=argv[1:] if argv and argv[0] == "gui" else argv))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not argv or argv[0] == "gui":
+        parser.error("the desktop app opens through the launcher: run `dflash-studio` (or `python -m dflash_studio`)")
+    args = parser.parse_args(argv)
     if getattr(args, "weight_format", "x") is None:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:

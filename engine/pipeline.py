@@ -19,7 +19,8 @@ import openvino as ov
 from engine.config import GenerationConfig
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
-from engine.events import StepEvent, StepTimings, TextPiece
+from engine.description import DraftDescription, EngineDescription
+from engine.events import GenerationResult, StepEvent, StepTimings, TextPiece
 from engine.draft_policy import make_policy
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
@@ -30,22 +31,12 @@ from engine.models.properties import compile_properties
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.target import check_target_dir
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
-from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor, needs_logits
 from engine.sampling.rejection import verify, verify_greedy
 
-Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 _KEEP_FINISHED = 256
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: RequestMetrics
-    cumulative_logprob: float | None = None  # under the processed target distribution (logits requests)
 
 
 @dataclass
@@ -135,6 +126,8 @@ class SpeculativePipeline:
         if device.upper().startswith("NPU"):
             if draft_dir is not None:
                 raise DeviceError(f"{device}: {NPU_NOTICE}")
+            # engine.api.load_engine is the loader that picks this path; this branch stays only until the
+            # app's worker loads through it (issue 21, phase 2).
             from engine.genai_target import GenAITargetPipeline
 
             return GenAITargetPipeline(target_dir, device, precision)  # the target alone, via openvino_genai
@@ -179,21 +172,17 @@ class SpeculativePipeline:
         return self.draft.info.default_candidates if self.draft else 0
 
     # ---- requests ---------------------------------------------------------------------------
+    def describe(self) -> EngineDescription:
+        info = self.draft.info if self.draft else None
+        draft = None if info is None else DraftDescription(
+            info.name, info.variant, info.block_size, info.max_candidates, info.default_candidates, info.has_head,
+            info.default_top_k, info.has_confidence, info.folder)
+        blocks = self.target.blocks
+        return EngineDescription(self.target_name, self.device, self.precision, "paged", draft, self.target.folder,
+                                 self.has_chat_template, blocks.num_blocks * blocks.block_size)
+
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Token ids for a prompt: text (chat template when the model has one), messages, or ids."""
-        if isinstance(prompt, str):
-            use_chat = self.has_chat_template if chat is None else chat
-            if use_chat:
-                text = self.tokenizer.chat_prompt([{"role": "user", "content": prompt}])
-                return self.tokenizer.encode(text, add_special_tokens=False)
-            return self.tokenizer.encode(prompt)
-        items = list(prompt)
-        if items and isinstance(items[0], dict):
-            if not self.has_chat_template:
-                raise ValueError("This model has no chat template: send plain text for completion instead of "
-                                 "chat messages.")
-            return self.tokenizer.encode(self.tokenizer.chat_prompt(items), add_special_tokens=False)
-        return [int(t) for t in items]
+        return self.tokenizer.encode_prompt(prompt, chat)
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()

@@ -125,7 +125,7 @@ def prepare_main(argv: list[str]) -> int:
     p.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    from engine.cli import _progress_printer
+    from engine.console import progress_printer
     from engine.prepare import _read_marker
 
     src_fmt = _read_marker(bundled_models_dir() / paths.default_target_dir().name).get("weight_format")
@@ -134,7 +134,7 @@ def prepare_main(argv: list[str]) -> int:
               "formats need `dflash-studio prepare` from a source checkout (docs/installer.md).", file=sys.stderr)
         return 2
     try:
-        path = install_default(force=args.force, progress=_progress_printer(args.quiet))
+        path = install_default(force=args.force, progress=progress_printer(args.quiet))
     except NotBundled as exc:
         print(str(exc), file=sys.stderr, flush=True)
         return 2

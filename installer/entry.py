@@ -3,18 +3,22 @@
     dflash-studio                      the desktop app (app.__main__; its flags: --target, --draft, ...)
     dflash-studio --self-test [...]    offscreen self-test, JSON on stdout, exit 0 when it passes
     dflash-studio prepare [...]        install the bundled default model into the user data folder
-    dflash-studio generate|bench|devices|export|gui ...   the engine CLI (engine/cli.py)
+    dflash-studio generate|bench|devices|export|draft-vocab ...   the engine CLI (engine/cli.py)
+    dflash-studio gui [...]            the desktop app, as with no subcommand
     dflash-studio -m engine.cli ARGS   the same (the app's "Prepare now" dialog runs this form)
     dflash-studio --version
 
 `export` is listed for completeness: it needs torch/optimum, which the bundle leaves out, and says so.
+Which words are subcommands and which open the app is the launcher's rule (dflash_studio/), the same
+as in a source checkout; this file adds only what the bundle does differently.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-CLI_COMMANDS = {"generate", "bench", "export", "prepare", "devices", "gui"}
+from dflash_studio import gui_args, wants_gui
+
 VERSION = "0.1.0"
 
 
@@ -62,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         return _cli(argv[2:])
     if argv[:2] == ["-m", "app"]:
         argv = argv[2:]
-    elif argv[:1] and argv[0] in CLI_COMMANDS:
+    elif not wants_gui(argv):
         return _cli(argv)
     from app.__main__ import main as gui_main
 
-    return gui_main(argv)
+    return gui_main(gui_args(argv))
 
 
 if __name__ == "__main__":

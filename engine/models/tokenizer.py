@@ -5,10 +5,13 @@ import codecs
 import json
 from functools import cached_property
 from pathlib import Path
+from typing import Sequence
 
 import openvino_genai as ov_genai
 
 from engine.events import TextPiece
+
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]  # text, chat messages, or token ids
 
 
 class TextTokenizer:
@@ -35,6 +38,22 @@ class TextTokenizer:
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         return self.tok.apply_chat_template(messages, add_generation_prompt=True)
+
+    def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt: text (through the chat template when `chat`, default: when the model
+        has one), chat messages (the template), or token ids as they are."""
+        if isinstance(prompt, str):
+            use_chat = self.has_chat_template if chat is None else chat
+            if use_chat:
+                return self.encode(self.chat_prompt([{"role": "user", "content": prompt}]), add_special_tokens=False)
+            return self.encode(prompt)
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            if not self.has_chat_template:
+                raise ValueError("This model has no chat template: send plain text for completion instead of "
+                                 "chat messages.")
+            return self.encode(self.chat_prompt(items), add_special_tokens=False)
+        return [int(t) for t in items]
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True) if ids else ""
