@@ -29,7 +29,7 @@ from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.properties import compile_properties
 from engine.models.paged_target import PagedTarget, SeqChunk
-from engine.models.target import check_target_dir
+from engine.models.folders import read_target_folder
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.sampling.distribution import Dist
@@ -121,7 +121,6 @@ class SpeculativePipeline:
         """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix."""
         core = core or ov.Core()
         target_dir = Path(target_dir)
-        check_target_dir(target_dir)
         scheduler = (scheduler or SchedulerConfig()).validate()
         if device.upper().startswith("NPU"):
             if draft_dir is not None:
@@ -131,20 +130,21 @@ class SpeculativePipeline:
             from engine.genai_target import GenAITargetPipeline
 
             return GenAITargetPipeline(target_dir, device, precision)  # the target alone, via openvino_genai
+        folder = read_target_folder(target_dir, core)  # checked and read once; the loaders below share it
         props = compile_properties(device, precision)
         taps = None
         info = None
         if draft_dir is not None:
             info = read_draft_info(Path(draft_dir), core)
-            reasons = check_draft_fits(target_dir, Path(draft_dir), core)
+            reasons = check_draft_fits(folder, info, core)
             if reasons:
                 raise DraftMismatchError(f"Draft {Path(draft_dir).name} does not fit target {target_dir.name}:\n- "
                                          + "\n- ".join(reasons))
             taps = info.target_layer_ids
         try:
-            target = PagedTarget(target_dir, core, device, props, taps, scheduler.num_kv_blocks,
+            target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
                                  scheduler.cache_size_mb)
-            draft = DraftModel(info, target_dir, core, device, props) if info else None
+            draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             raise DeviceError(f"Could not compile the models on {device}: {str(exc).strip().splitlines()[-1]}. "
                               "Try CPU, or a smaller model / weight format for this device.") from exc

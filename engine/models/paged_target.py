@@ -10,7 +10,6 @@ argmax ids in the graph, the tapped layers' rows concatenated).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import openvino as ov
 from engine.errors import ModelFolderError
 from engine.models.bound_inputs import BoundInputs
 from engine.models.kv_blocks import BlockTable
-from engine.models.target import _lm_head, check_target_dir, edit_target_graph, num_decoder_layers
+from engine.models.folders import TargetFolder, as_target_folder
+from engine.models.target import edit_target_graph
 
 PA_INPUTS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
              "block_indices_begins", "max_context_len", "logits_indices")
@@ -48,20 +48,19 @@ class BatchOutput:
 class PagedTarget:
     """A compiled PagedAttention target plus its block table."""
 
-    def __init__(self, folder: Path, core: ov.Core, device: str, properties: dict[str, str],
+    def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
                  cache_size_mb: int = 512) -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
-        check_target_dir(folder)
-        self.folder = Path(folder)
+        target = as_target_folder(folder, core)
+        self.folder = target.path
         self.device = device
-        self.config = (json.loads((self.folder / "config.json").read_text())
-                       if (self.folder / "config.json").is_file() else {})
-        model = core.read_model(self.folder / "openvino_model.xml")
-        self.num_layers = num_decoder_layers(model)
-        self.vocab_size = int(model.output("logits").get_partial_shape()[2].get_length())
-        self.hidden_size = int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length())
+        self.config = target.config
+        model = target.fresh_model()
+        self.num_layers = target.num_layers
+        self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
         if not any(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops()):
             raise ModelFolderError(f"{self.folder.name} has no ScaledDotProductAttention: export it again with "
                                    "optimum-intel (`dflash-studio export --kind target`), task text-generation-with-past.")
