@@ -34,7 +34,7 @@ from engine.scheduler import SchedulerConfig, StepStats, plan_rows
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor, needs_logits
-from engine.sampling.rejection import verify, verify_greedy
+from engine.sampling.rejection import verify_window
 
 _KEEP_FINISHED = 256
 
@@ -421,12 +421,8 @@ class SpeculativePipeline:
         bonus = pos + rows == len(window)
         seg = window[pos + 1: pos + rows + 1]
         logprobs = None
-        if req.processor is None:
-            acc = 0
-            while acc < len(seg) and seg[acc] == post[acc]:
-                acc += 1
-            last = int(post[acc]) if acc < len(seg) or bonus else None
-        else:
+        p_row = None
+        if req.processor is not None:
             cache: dict[int, Dist] = {}
 
             def p_row(k: int) -> Dist:
@@ -434,13 +430,10 @@ class SpeculativePipeline:
                     cache[k] = req.processor.distribution(logits[k], seg[:k])
                 return cache[k]
 
-            if req.config.do_sample:
-                acc, last = verify(p_row, seg, req.proposals[pos: pos + len(seg)], req.rng, self.target.vocab_size,
-                                   bonus)
-            else:
-                acc, last = verify_greedy(p_row, seg, bonus)
+        proposals = req.proposals[pos: pos + len(seg)] if req.config.do_sample else None
+        acc, last = verify_window(seg, bonus, post, p_row, proposals, req.rng, self.target.vocab_size)
         tokens = seg[:acc] + ([last] if last is not None else [])
-        if req.processor is not None:
+        if p_row is not None:
             logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
         rejected = acc < len(seg)
         kept_rows = acc + 1 if rejected else rows
