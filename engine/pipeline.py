@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import openvino as ov
@@ -20,7 +20,7 @@ from engine.config import GenerationConfig
 from engine.devices import NPU_NOTICE
 from engine.errors import DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
-from engine.events import GenerationResult, StepEvent, StepTimings, TextPiece
+from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.draft_policy import make_policy
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
@@ -31,6 +31,7 @@ from engine.models.properties import compile_properties
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.folders import read_target_folder
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
+from engine.stop_strings import StopStrings
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor, needs_logits
@@ -64,8 +65,7 @@ class _Request:
     proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
     confidence: list[float] | None = None
     context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
-    shown: int = 0  # characters of detok.text sent in events
-    held: list[TextPiece] = field(default_factory=list)  # decoded text that may be the start of a stop string
+    stops: StopStrings = field(default_factory=lambda: StopStrings(()))  # decoded text not shown yet
     t_first: float = 0.0
     finish_reason: str | None = None
     cancel_requested: bool = False
@@ -202,6 +202,7 @@ class SpeculativePipeline:
             req.rng = np.random.default_rng(seed)
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
         req.feed = list(ids)
+        req.stops = StopStrings(config.stop_strings, config.include_stop_str_in_output)
         blocks = self.target.blocks
         need = blocks.blocks_for(len(ids) + config.max_new_tokens + n + 1)
         if need > blocks.num_blocks:
@@ -268,7 +269,7 @@ class SpeculativePipeline:
         """One target inference for every scheduled request; one event per request that emitted or ended."""
         t0 = time.perf_counter()
         stats = self.last_step = StepStats()
-        events = [self._finish(r, StepEvent(r.id, r.steps, pieces=self._flush_held(r), finished=True,
+        events = [self._finish(r, StepEvent(r.id, r.steps, pieces=r.stops.flush(r.detok.text), finished=True,
                                             finish_reason="cancelled"))
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
@@ -479,19 +480,11 @@ class SpeculativePipeline:
             req.cumulative_logprob += sum(logprobs)
         if req.processor is not None:
             req.processor.commit(tokens)
-        req.held.extend(req.detok.feed(tokens, accepted))
-        end = len(req.detok.text)
-        if cfg.stop_strings:
-            stop = _stop_string_end(req.detok.text, req.shown, cfg)
-            if stop is not None:
-                end, reason = stop, "stop"
-                req.detok.text = req.detok.text[:stop]
-            elif reason is None:
-                end -= _partial_stop(req.detok.text, req.shown, cfg.stop_strings)  # wait for the next token
-        pieces = _take_pieces(req.held, end - req.shown)
-        req.shown = end
-        if reason is not None:
-            req.held = []
+        decoded = req.detok.feed(tokens, accepted)
+        pieces, stop = req.stops.release(req.detok.text, decoded, reason is not None)
+        if stop is not None:
+            reason = "stop"
+            req.detok.text = req.detok.text[:stop]
         req.generated.extend(tokens)
         if tokens:
             req.anchor = tokens[-1]
@@ -505,12 +498,6 @@ class SpeculativePipeline:
                           logprobs=logprobs, produced=produced)
         req.steps += 1
         return event
-
-    @staticmethod
-    def _flush_held(req: _Request) -> list[TextPiece]:
-        """Text held back for a possible stop string, released when the request ends otherwise."""
-        pieces, req.held, req.shown = req.held, [], len(req.detok.text)
-        return pieces
 
     def _record(self, req: _Request, event: StepEvent) -> StepEvent:
         req.metrics.record(event)
@@ -546,39 +533,3 @@ class SpeculativePipeline:
 
 def _log(p: float) -> float:
     return float(np.log(p)) if p > 0.0 else -float("inf")
-
-
-def _stop_string_end(text: str, shown: int, cfg: GenerationConfig) -> int | None:
-    """Where the text ends if a stop string completed after `shown`, else None. Text that could begin
-    a stop string is never shown (`_partial_stop`), so a stop string always lies after `shown`."""
-    best: int | None = None
-    for s in cfg.stop_strings:
-        idx = text.find(s, shown)
-        if idx >= 0:
-            end = idx + len(s) if cfg.include_stop_str_in_output else idx
-            best = end if best is None else min(best, end)
-    return best
-
-
-def _partial_stop(text: str, shown: int, stop_strings: Sequence[str]) -> int:
-    """Length of the longest unshown tail of `text` that is the start of a stop string (held back)."""
-    tail = text[shown:]
-    for n in range(min(len(tail), max(map(len, stop_strings)) - 1), 0, -1):
-        if any(s.startswith(tail[-n:]) for s in stop_strings):
-            return n
-    return 0
-
-
-def _take_pieces(held: list[TextPiece], count: int) -> list[TextPiece]:
-    """Remove and return the first `count` characters of the held pieces."""
-    out: list[TextPiece] = []
-    while count > 0 and held:
-        p = held[0]
-        if len(p.text) <= count:
-            out.append(held.pop(0))
-            count -= len(p.text)
-        else:
-            out.append(TextPiece(p.text[:count], p.from_draft))
-            held[0] = TextPiece(p.text[count:], p.from_draft)
-            count = 0
-    return out
