@@ -18,6 +18,7 @@ from engine.config import GenerationConfig
 from engine.description import DraftDescription, EngineDescription
 from engine.errors import DFlashError
 from engine.events import StepEvent, StepTimings, TextPiece
+from engine.scheduler import StepStats
 
 SAMPLE_TEXT = (
     "Block speculative decoding lets a small draft propose a whole block of tokens at once. "
@@ -131,6 +132,7 @@ class FakePipeline:
         self.prompts: list[object] = []  # what add_request received (tests look at it)
         self.configs: list[GenerationConfig] = []
         self.step_calls = 0
+        self.last_step = StepStats()
         self.thread_ids: set[int] = set()  # threads the engine was called from (must be one)
 
     @classmethod
@@ -195,6 +197,7 @@ class FakePipeline:
             raise RuntimeError("fake engine failure: the target's infer request raised")
         out: list[StepEvent] = []
         n_committed = 0
+        self.last_step = StepStats(requests=[r.rid for r in self._requests.values() if not r.finished and not r.cancelled])
         for r in list(self._requests.values()):
             if r.finished:
                 continue
@@ -209,6 +212,7 @@ class FakePipeline:
             n_committed += len(ev.tokens)
             out.append(ev)
         self._pace(n_committed)
+        self.last_step.tokens = n_committed
         return out
 
     def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> FakeResult:

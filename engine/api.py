@@ -20,15 +20,17 @@ from engine.events import GenerationResult, StepEvent
 from engine.metrics import RequestMetrics
 from engine.models.tokenizer import Prompt
 
+from engine.scheduler import SchedulerConfig, StepStats
+
 if TYPE_CHECKING:
     import openvino as ov
-
-    from engine.scheduler import SchedulerConfig
 
 
 @runtime_checkable
 class Engine(Protocol):
     """The surface the bench, the app and a server drive (one thread at a time)."""
+
+    last_step: StepStats  # what the latest step() scheduled (requests, rows)
 
     def describe(self) -> EngineDescription: ...
 

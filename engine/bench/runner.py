@@ -130,9 +130,7 @@ class EngineRunner:
             events = pipe.step()
             now = time.perf_counter()
             steps += 1
-            stats = getattr(pipe, "last_step", None)
-            reqs = getattr(stats, "requests", None) if stats is not None else None
-            scheduled += len(reqs) if reqs is not None else len(events)
+            scheduled += len(pipe.last_step.requests)
             for ev in events:
                 emitted += len(ev.tokens)
                 lv = live.get(ev.request_id)
