@@ -19,7 +19,6 @@ from engine.errors import DeviceError
 from engine.events import GenerationResult, StepEvent
 from engine.metrics import RequestMetrics
 from engine.models.tokenizer import Prompt
-
 from engine.scheduler import SchedulerConfig, StepStats
 
 if TYPE_CHECKING:
