@@ -65,7 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     if style.exists():
         qapp.setStyleSheet(style.read_text(encoding="utf-8"))
 
+    from app import logs
     from app.main_window import MainWindow
+    from app.single_instance import InstanceGuard
+    from engine import paths
+
+    data_dir = paths.user_data_dir()
+    logs.setup_logging(data_dir)
+    logs.install_hooks()
+    guard = InstanceGuard(data_dir)
+    read_only = False
+    if not guard.acquire():
+        if guard.bring_forward():
+            print(f"DFlash Studio is already open for the data folder {data_dir}: its window was brought "
+                  "forward.", file=sys.stderr)
+            return 0
+        read_only = True  # the owner does not answer: look, but never write its history
+        print(f"DFlash Studio is already open for {data_dir} ({guard.holder()}) and does not answer; this "
+              "window opens read-only.", file=sys.stderr)
 
     settings = S.open_settings()
     loader = None
@@ -88,9 +105,13 @@ def main(argv: list[str] | None = None) -> int:
 
         devices = demo_devices()
     win = MainWindow(settings=settings, loader=loader, devices=devices, draft_validator=validator,
-                     engine_label=label)
+                     engine_label=label, read_only=read_only, lock_holder=guard.holder() if read_only else "")
+    guard.activate.connect(win.bring_forward)
     win.show()
-    return int(qapp.exec())
+    try:
+        return int(qapp.exec())
+    finally:
+        guard.release()
 
 
 if __name__ == "__main__":

@@ -309,10 +309,12 @@ class FakePipeline:
             confidence = [max(0.05, 0.95 - 0.1 * i) for i in range(len(drafted))]
         ev = StepEvent(
             request_id=r.rid, step=r.step, drafted=drafted, accepted=accepted, tokens=tokens,
-            pieces=pieces, finished=done, finish_reason="length" if done else None,
+            pieces=pieces, finished=done, finish_reason="length" if done else None, produced=len(tokens),
             timings=StepTimings(draft_step_ms=draft_ms, draft_model_ms=draft_ms * 0.8,
                                 target_ms=target_ms, total_ms=draft_ms + target_ms),
             confidence=confidence,
+            # Each fake step validates its whole window, as an unsplit window of the engine does.
+            window_drafted=drafted[:] if drafted else None, window_accepted=accepted if drafted else 0,
         )
         r.step += 1
         return ev

@@ -12,10 +12,15 @@ import re
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
+                               QLabel, QPlainTextEdit, QPushButton, QRadioButton, QSpinBox, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
+from engine.generation_defaults import DecodingDefaults
+
+# Settings that make up "the decoding": editing one of them is the person's own choice.
+DECODING_KEYS = (S.K_DO_SAMPLE, S.K_TEMPERATURE, S.K_TOP_K, S.K_TOP_P, S.K_MIN_P, S.K_REPETITION_PENALTY)
 
 SEED_MAX = 2**31 - 1
 NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. “draft's default” uses the draft's own "
@@ -80,7 +85,7 @@ class GenerationPanel(QGroupBox):
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setObjectName("systemPrompt")
         self.system_prompt.setPlaceholderText("Optional instructions for the assistant (used with chat templates).")
-        self.system_prompt.setMaximumHeight(90)
+        self.system_prompt.setMaximumHeight(64)
         self.system_prompt.setTabChangesFocus(True)
         self.system_prompt.textChanged.connect(lambda: self.system_prompt_edited.emit(self.system_prompt.toPlainText()))
         lay.addWidget(self.system_prompt)
@@ -92,9 +97,15 @@ class GenerationPanel(QGroupBox):
         self.max_new_tokens = _ispin(1, 32768, S.get_int(settings, S.K_MAX_NEW_TOKENS, 256), "maxNewTokens")
         self.max_new_tokens.setToolTip("The reply stops after this many new tokens.")
         self._add(form, "Max new tokens", "max_new_tokens", self.max_new_tokens)
+        # Settings used less often (penalties, min new tokens, stop strings) fold away, so the panel fits a
+        # 1440x900 screen with the device notice shown; a bad value there unfolds them.
+        more = QFormLayout()
+        more.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        more.setContentsMargins(0, 0, 0, 0)
+        self.more_form = more
         self.min_new_tokens = _ispin(0, 32768, S.get_int(settings, S.K_MIN_NEW_TOKENS, 0), "minNewTokens")
         self.min_new_tokens.setToolTip("End-of-text is not allowed before this many new tokens.")
-        self._add(form, "Min new tokens", "min_new_tokens", self.min_new_tokens)
+        self._add(more, "Min new tokens", "min_new_tokens", self.min_new_tokens)
 
         self.num_assistant = _ispin(0, MAX_ASSISTANT_TOKENS, S.get_int(settings, S.K_NUM_ASSISTANT, 0),
                                     "numAssistantTokens")
@@ -124,7 +135,26 @@ class GenerationPanel(QGroupBox):
         mh.addWidget(self.greedy_radio)
         mh.addWidget(self.sample_radio)
         mh.addStretch(1)
-        form.addRow("Decoding", mode)
+        self.recommended_button = QPushButton("Recommended")
+        self.recommended_button.setObjectName("recommendedButton")
+        self.recommended_button.setToolTip("The loaded target's own recommended sampling (its generation_config.json, "
+                                           "else a preset)")
+        self.recommended_button.setEnabled(False)
+        dec = QWidget()
+        dv = QVBoxLayout(dec)
+        dv.setContentsMargins(0, 0, 0, 0)
+        dv.setSpacing(1)
+        dv.addWidget(mode)
+        self.decoding_note = QLabel()
+        self.decoding_note.setObjectName("decodingNote")
+        self.decoding_note.setWordWrap(True)
+        self.decoding_note.setStyleSheet("color:#475467;")
+        self.decoding_note.hide()
+        dv.addWidget(self.decoding_note)
+        dv.addWidget(self.recommended_button, 0, Qt.AlignmentFlag.AlignLeft)
+        form.addRow("Decoding", dec)
+        self._recommended: DecodingDefaults | None = None
+        self._applying = False
         sampling = S.get_bool(settings, S.K_DO_SAMPLE, False)
         (self.sample_radio if sampling else self.greedy_radio).setChecked(True)
 
@@ -152,13 +182,13 @@ class GenerationPanel(QGroupBox):
 
         self.repetition_penalty = _dspin(0.0, 10.0, 0.05, 2, g(S.K_REPETITION_PENALTY, 1.0), "repetitionPenalty")
         self.repetition_penalty.setToolTip("> 1 discourages tokens already in the prompt or reply (greedy too).")
-        self._add(form, "Repetition penalty", "repetition_penalty", self.repetition_penalty)
+        self._add(more, "Repetition penalty", "repetition_penalty", self.repetition_penalty)
         self.presence_penalty = _dspin(0.0, 10.0, 0.1, 2, g(S.K_PRESENCE_PENALTY, 0.0), "presencePenalty")
         self.presence_penalty.setToolTip("Subtracted once from tokens already generated (greedy too).")
-        self._add(form, "Presence penalty", "presence_penalty", self.presence_penalty)
+        self._add(more, "Presence penalty", "presence_penalty", self.presence_penalty)
         self.frequency_penalty = _dspin(0.0, 10.0, 0.1, 2, g(S.K_FREQUENCY_PENALTY, 0.0), "frequencyPenalty")
         self.frequency_penalty.setToolTip("Subtracted per occurrence in the reply (greedy too).")
-        self._add(form, "Frequency penalty", "frequency_penalty", self.frequency_penalty)
+        self._add(more, "Frequency penalty", "frequency_penalty", self.frequency_penalty)
 
         self.stop_strings = QPlainTextEdit()
         self.stop_strings.setObjectName("stopStrings")
@@ -166,13 +196,26 @@ class GenerationPanel(QGroupBox):
         self.stop_strings.setTabChangesFocus(True)
         self.stop_strings.setMaximumHeight(48)
         self.stop_strings.setPlainText(S.get_str(settings, S.K_STOP_STRINGS))
-        self._add(form, "Stop strings", "stop_strings", self.stop_strings)
+        self._add(more, "Stop strings", "stop_strings", self.stop_strings)
 
         self.prompt_format = QLabel("—")
         self.prompt_format.setObjectName("promptFormat")
         self.prompt_format.setWordWrap(True)
-        form.addRow("Prompt format", self.prompt_format)
+        form.addRow("Prompt format", self.prompt_format)  # shown when it is the surprising one (plain text)
+        form.setRowVisible(self.prompt_format, False)
         lay.addLayout(form)
+        self.more_button = QToolButton()
+        self.more_button.setObjectName("moreButton")
+        self.more_button.setText("Penalties, min new tokens, stop strings")
+        self.more_button.setCheckable(True)
+        self.more_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.more_button.setAutoRaise(True)
+        self.more_box = QWidget()
+        self.more_box.setLayout(more)
+        lay.addWidget(self.more_button)
+        lay.addWidget(self.more_box)
+        self.more_button.toggled.connect(self._show_more)
+        self._show_more(S.get_bool(settings, S.K_MORE_SETTINGS, False))
 
         self._persist(self.max_new_tokens, S.K_MAX_NEW_TOKENS)
         self._persist(self.min_new_tokens, S.K_MIN_NEW_TOKENS)
@@ -192,6 +235,7 @@ class GenerationPanel(QGroupBox):
         self.sample_radio.toggled.connect(self._update_enabled)
         self.stop_strings.textChanged.connect(
             lambda: self._changed(S.K_STOP_STRINGS, self.stop_strings.toPlainText()))
+        self.recommended_button.clicked.connect(self.apply_recommended)
         self.set_draft_loaded(False)
         self._update_enabled()
 
@@ -222,13 +266,70 @@ class GenerationPanel(QGroupBox):
         self._rows[field] = box
         form.addRow(label, box)
 
+    def _show_more(self, on: bool) -> None:
+        if self.more_button.isChecked() != on:
+            self.more_button.setChecked(on)  # comes back here through toggled
+            return
+        self.more_button.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.more_box.setVisible(on)
+        self.settings.setValue(S.K_MORE_SETTINGS, on)
+
     def _persist(self, w, key: str) -> None:
         w.valueChanged.connect(lambda v: self._changed(key, v))
 
     def _changed(self, key: str, value) -> None:
         self.settings.setValue(key, value)
+        if key in DECODING_KEYS and not self._applying and not self.custom_decoding:
+            self.settings.setValue(S.K_DECODING_CUSTOM, True)  # the person's choice from now on
+            self._update_decoding_note()
         self.revalidate()
         self.settings_changed.emit()
+
+    # -- recommended decoding ---------------------------------------------------------------------
+    @property
+    def custom_decoding(self) -> bool:
+        return S.get_bool(self.settings, S.K_DECODING_CUSTOM, False)
+
+    def set_recommended(self, rec: DecodingDefaults) -> None:
+        """The loaded target's recommended decoding: applied unless the person chose their own."""
+        self._recommended = rec
+        self.recommended_button.setEnabled(True)
+        if not self.custom_decoding:
+            self.apply_recommended()
+        self._update_decoding_note()
+
+    def apply_recommended(self) -> None:
+        """Put the decoding back to the target's recommendation (the Recommended button)."""
+        rec = self._recommended
+        if rec is None:
+            return
+        self._applying = True
+        try:
+            (self.sample_radio if rec.do_sample else self.greedy_radio).setChecked(True)
+            self.temperature.setValue(rec.temperature)
+            self.top_k.setValue(rec.top_k)
+            self.top_p.setValue(rec.top_p)
+            self.min_p.setValue(rec.min_p)
+            self.repetition_penalty.setValue(rec.repetition_penalty)
+        finally:
+            self._applying = False
+        self.settings.setValue(S.K_DECODING_CUSTOM, False)
+        self._update_decoding_note()
+
+    def _update_decoding_note(self) -> None:
+        rec = self._recommended
+        if rec is None:
+            self.decoding_note.hide()
+            return
+        where = "the model's generation_config.json" if rec.source != "preset" else "preset"
+        text = f"Recommended: {rec.describe()} ({where})"
+        if self.custom_decoding:
+            text += "; yours differs"
+        self.decoding_note.setText(text)
+        self.decoding_note.setToolTip("The loaded target's own recommended decoding"
+                                      + (f"; a preset because {rec.note}" if rec.note else "")
+                                      + ". Greedy is one click away; Recommended puts this back.")
+        self.decoding_note.show()
 
     # -- state from the loaded engine -------------------------------------------------------------
     def set_system_prompt(self, text: str) -> None:
@@ -260,6 +361,8 @@ class GenerationPanel(QGroupBox):
         self.revalidate()
 
     def set_chat_template(self, has_template: bool | None) -> None:
+        # The usual case (a chat template) needs no row; plain completion is the one to point out.
+        self.form.setRowVisible(self.prompt_format, has_template is False)
         if has_template is None:
             self.prompt_format.setText("—")
         elif has_template:
@@ -332,6 +435,8 @@ class GenerationPanel(QGroupBox):
         label = self._errors[name]
         label.setText(message.split(" failed: ", 1)[-1])
         label.show()
+        if self.more_box.isAncestorOf(label):
+            self._show_more(True)  # the field with the problem is never folded away
         return True
 
     def clear_errors(self) -> None:

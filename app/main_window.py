@@ -6,39 +6,47 @@ streaming at once (the engine serves them in shared steps); each conversation ha
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QRectF, QSettings, QSize, Qt, QTimer
-from PySide6.QtGui import (QAction, QCloseEvent, QColor, QIcon, QKeySequence, QPainter, QPen, QPixmap,
-                           QShortcut)
+from PySide6.QtCore import QRectF, QSettings, QSize, Qt, QTimer, QUrl
+from PySide6.QtGui import (QAction, QCloseEvent, QColor, QDesktopServices, QIcon, QKeySequence, QPainter, QPen,
+                           QPixmap, QShortcut)
 from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
                                QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
 
+from app import logs
 from app import settings as S
 from app.chat.input import ChatInput
-from app.chat.model import CANCELLED, DONE, ERROR, STREAMING, Conversation, Message
-from app.chat.store import CorruptFile, HistoryStore
+from app.chat.model import CANCELLED, DONE, ERROR, STREAMING, Conversation, Message, new_id
+from app.chat.store import CorruptFile, HistoryConflict, HistoryStore
 from app.chat.view import DRAFT_BG, ChatView
 from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
+from app.models.catalog_actions import install_catalog_actions
 from app.models.import_action import install_import_action
+from app.models.train_dialog import install_train_action
 from app.models.pickers import ModelPanel, default_target_ready
 from app.models.prepare import PrepareDialog
 from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
 from app.qt_tracking import TrackedTimer
+from app.server.panel import ServerPanel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
+from engine.generation_defaults import recommended_decoding
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
 MAX_TEXT_FLUSH_MS = 200
 TEXT_SHARE = 0.25  # inserting text may use at most ~this share of the GUI thread
 MAX_KEPT_REPLIES = 16  # finished replies whose steps the live plots can show again
+AUTOSAVE_MS = 2000  # a streaming reply is saved this often: a kill loses at most ~2 s of its text
+log = logging.getLogger("dflash.window")
 
 
 class Banner(QFrame):
@@ -135,6 +143,12 @@ def _dot_icon(color: str) -> QIcon:
     return icon
 
 
+def conversation_tooltip(conv: Conversation) -> str:
+    """The conversation list's tooltip: title, message count, last change (a time history load checked)."""
+    return (f"{conv.title}\n{len(conv.messages)} messages · "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
+
+
 def _html(text: str) -> str:
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
@@ -145,7 +159,8 @@ class MainWindow(QMainWindow):
                  draft_validator: DraftValidator | None = None, autoload: bool = True,
                  prepare_command: tuple[str, list[str]] | None = None,
                  flush_interval_s: float = 0.033, engine_label: str = "",
-                 bench_machine: dict[str, str] | None = None) -> None:
+                 bench_machine: dict[str, str] | None = None, read_only: bool = False,
+                 lock_holder: str = "") -> None:
         super().__init__()
         self.setWindowTitle("DFlash Studio")
         self.setObjectName("mainWindow")
@@ -153,7 +168,10 @@ class MainWindow(QMainWindow):
         if icon.exists():
             self.setWindowIcon(QIcon(str(icon)))
         self.settings = settings or S.open_settings()
-        self.store = HistoryStore(history_root or paths.history_dir())
+        self.log_path = logs.setup_logging()
+        self.read_only = read_only  # another window owns this data folder: nothing here is saved
+        self.lock_holder = lock_holder
+        self.store = HistoryStore(history_root or paths.history_dir(), read_only=read_only)
         self.controller = EngineController(loader, flush_interval_s=flush_interval_s, parent=self)
         self.prepare_command = prepare_command
         self.engine_label = engine_label  # e.g. "demo engine" when running the fake one
@@ -180,6 +198,11 @@ class MainWindow(QMainWindow):
         self._text_timer = TrackedTimer(self)
         self._text_timer.setSingleShot(True)
         self._text_timer.timeout.connect(self._flush_text)
+        # Streaming replies are saved every AUTOSAVE_MS (their conversations, once they got new text).
+        self._unsaved: dict[str, Conversation] = {}
+        self._autosave_timer = TrackedTimer(self)
+        self._autosave_timer.setInterval(AUTOSAVE_MS)
+        self._autosave_timer.timeout.connect(self._autosave)
 
         self._build_central()
         self._build_docks(devices, draft_validator)
@@ -201,6 +224,9 @@ class MainWindow(QMainWindow):
         v.setSpacing(6)
         self.error_banner = Banner("error")
         self.notice_banner = Banner("notice")
+        self.readonly_banner = Banner("notice")  # its own strip: it stays while other notices come and go
+        self.readonly_banner.setObjectName("readOnlyBanner")
+        v.addWidget(self.readonly_banner)
         v.addWidget(self.error_banner)
         v.addWidget(self.notice_banner)
 
@@ -227,6 +253,14 @@ class MainWindow(QMainWindow):
         self.chat.set_mark_draft(self.mark_switch.isChecked())
         v.addWidget(self.chat, 1)
 
+        # Why a message was not sent, right above the box it stays in (the status bar is easy to miss).
+        self.input_notice = QLabel()
+        self.input_notice.setObjectName("inputNotice")
+        self.input_notice.setWordWrap(True)
+        self.input_notice.setStyleSheet("QLabel#inputNotice { background:#fffaeb; color:#93370d; border:1px solid "
+                                        "#fec84b; border-radius:4px; padding:4px 8px; }")
+        self.input_notice.hide()
+        v.addWidget(self.input_notice)
         row = QHBoxLayout()
         self.input = ChatInput()
         row.addWidget(self.input, 1)
@@ -320,6 +354,12 @@ class MainWindow(QMainWindow):
         self.plots = LivePlots()
         self.plots_dock = self._dock("Live plots", "plotsDock", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
 
+        # The local OpenAI-compatible server (docs/serving.md), a tab beside the Session panel
+        self.server_panel = ServerPanel(self.controller, self.settings)
+        self.server_dock = self._dock("Server", "serverDock", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.side_dock, self.server_dock)
+        self.side_dock.raise_()
+
     def _dock(self, title: str, name: str, w: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         d = QDockWidget(title, self)
         d.setObjectName(name)
@@ -340,6 +380,7 @@ class MainWindow(QMainWindow):
         for a in (self.act_new, self.act_open_target, self.act_open_draft, self.act_prepare):
             m.addAction(a)
         self.act_import_hf = install_import_action(self)  # File → Import Hugging Face folder… (docs/import.md)
+        install_train_action(self)  # File → Train a draft… (docs/training.md)
         m.addSeparator()
         m.addAction(self.act_quit)
         m = self.menuBar().addMenu("&View")
@@ -353,9 +394,19 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_chat_tab)
         m.addAction(self.act_compare_tab)
         m.addSeparator()
-        for d in (self.conv_dock, self.side_dock, self.plots_dock):
+        for d in (self.conv_dock, self.side_dock, self.plots_dock, self.server_dock):
             m.addAction(d.toggleViewAction())
         m = self.menuBar().addMenu("&Help")
+        where = str(self.log_path) if self.log_path else "not written (the data folder is not writable)"
+        self.act_log_file = QAction(f"Log file: {where}", self)
+        self.act_log_file.setToolTip("Copies the path: attach this file when you report a problem")
+        self.act_log_file.triggered.connect(self._copy_log_path)
+        self.act_open_log = QAction("Open &log folder", self)
+        self.act_open_log.setEnabled(self.log_path is not None)
+        self.act_open_log.triggered.connect(self.open_log_folder)
+        m.addAction(self.act_log_file)
+        m.addAction(self.act_open_log)
+        m.addSeparator()
         self.act_about = QAction("&About DFlash Studio", self)
         m.addAction(self.act_about)
         self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
@@ -390,6 +441,7 @@ class MainWindow(QMainWindow):
         self.conv_list.itemChanged.connect(self._on_conv_renamed)
         self.model_panel.load_requested.connect(self.load_models)
         self.model_panel.prepare_requested.connect(self.prepare_default)
+        install_catalog_actions(self)  # the catalogue's Prepare / Remove buttons in the target picker
         self.model_panel.selection_changed.connect(self._update_actions)
         self.act_open_target.triggered.connect(self.model_panel._browse_target)
         self.act_open_draft.triggered.connect(self.model_panel._browse_draft)
@@ -420,6 +472,14 @@ class MainWindow(QMainWindow):
 
     # -- history ---------------------------------------------------------------------------------
     def _load_history(self) -> None:
+        if self.read_only:
+            self.readonly_banner.show_message(
+                "Read-only: DFlash Studio is already open for this data folder",
+                f"{paths.user_data_dir()} is in use by {self.lock_holder or 'another window'}, which did not "
+                "answer. This window shows the conversations but saves nothing (chats here are lost when "
+                "it closes). Close it and use the other window, or close that one and start again.")
+        else:
+            self.store.clean_stale_temp()
         self.conversations, self.corrupt = self.store.load_all()
         if self.corrupt:
             lines = []
@@ -454,8 +514,7 @@ class MainWindow(QMainWindow):
         for conv in self.conversations:
             it = QListWidgetItem(conv.title)
             it.setData(Qt.ItemDataRole.UserRole, conv.id)
-            it.setToolTip(f"{conv.title}\n{len(conv.messages)} messages · "
-                          f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
+            it.setToolTip(conversation_tooltip(conv))
             it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
             if self.live_tag(conv) is not None:
                 it.setIcon(self._streaming_icon)
@@ -465,6 +524,7 @@ class MainWindow(QMainWindow):
         self.conv_list.blockSignals(False)
 
     def select_conversation(self, conv: Conversation) -> None:
+        self.input_notice.hide()  # it was about the conversation that was on screen
         if self._text_timer.isActive():
             self._flush_text()  # the text that arrived goes to the view it was meant for first
         self.current = conv
@@ -541,13 +601,79 @@ class MainWindow(QMainWindow):
             return  # nothing worth a file yet
         if not any(c is conv for c in self.conversations):
             return  # deleted while its reply was streaming: its late end must not bring the file back
+        self._unsaved.pop(conv.id, None)
+        if self.read_only:
+            return
         conv.updated = time.time()
         try:
             self.store.save(conv)
+        except HistoryConflict as c:
+            self._keep_both(conv, c.path)
         except OSError as e:
+            log.error("saving %s failed: %s", self.store.path_for(conv), e)
             self.show_error(ErrorInfo("Could not save the conversation",
                                       f"Writing {self.store.path_for(conv)} failed: {e}. "
                                       "The conversation stays open; try again after freeing space."))
+
+    def _keep_both(self, conv: Conversation, path: Path) -> None:
+        """The file changed on disk since this window read it: never overwrite it. This window's version
+        becomes a new conversation (new file) and the one on disk is listed beside it."""
+        old_title = conv.title
+        conv.id = new_id()
+        conv.title = f"{old_title} (this window's copy)"
+        try:
+            self.store.save(conv)
+        except (OSError, HistoryConflict) as e:
+            log.error("saving the copy of %s failed: %s", path, e)
+            self.show_error(ErrorInfo("Could not save the conversation", f"Writing a copy of {path} failed: {e}."))
+            return
+        try:
+            disk = self.store.reload(path)
+        except (OSError, ValueError) as e:
+            disk = None
+            log.warning("the changed file %s could not be read back: %s", path, e)
+        if disk is not None and not any(c.id == disk.id for c in self.conversations):
+            at = next(i for i, c in enumerate(self.conversations) if c is conv)
+            self.conversations.insert(at + 1, disk)
+        elif disk is not None:
+            self.conversations = [disk if c.id == disk.id and c is not conv else c for c in self.conversations]
+        self._fill_conv_list()
+        log.warning("%s changed on disk since it was loaded; this window's version saved as %s", path,
+                    self.store.path_for(conv))
+        self.notice_banner.show_message(
+            "A conversation changed on disk: both versions kept",
+            f"“{old_title}” was saved by another program since this window loaded it ({path.name}). "
+            f"Nothing was overwritten: this window's version is now “{conv.title}”.")
+
+    def _autosave(self) -> None:
+        """Save the conversations whose streaming replies got text since their last save."""
+        pending, self._unsaved = self._unsaved, {}
+        for conv in pending.values():
+            self._save(conv)
+        if not self.live_tags():
+            self._autosave_timer.stop()
+
+    # -- help ------------------------------------------------------------------------------------
+    def _copy_log_path(self) -> None:
+        if self.log_path is not None:
+            from PySide6.QtWidgets import QApplication
+
+            QApplication.clipboard().setText(str(self.log_path))
+            self.state_label.setText(f"Copied the log file's path: {self.log_path}")
+
+    def open_log_folder(self) -> bool:
+        if self.log_path is None:
+            return False
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.log_path.parent)))
+
+    def bring_forward(self) -> None:
+        """Another launch for this data folder asked for this window (app/single_instance.py)."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+        self.state_label.setText("DFlash Studio was started again: this window is the one for your data folder.")
 
     # -- models ----------------------------------------------------------------------------------
     def autoload(self) -> None:
@@ -587,7 +713,7 @@ class MainWindow(QMainWindow):
             self.stop_all()  # the replies of every conversation: the engine they run on goes away
         self.state_label.setText(f"Loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")
                                  + f" on {device}…")
-        self.model_panel.set_loaded("Loading…")
+        self.model_panel.set_loading("Loading…")
         self.controller.load(target, draft, device)
         self._update_actions()
 
@@ -599,11 +725,16 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DRAFT, info.draft_dir or "")
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
+        self.gen_panel.set_recommended(recommended_decoding(info.target_dir))
         self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
                                         info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
-        self.model_panel.set_loaded(f"Loaded {info.target_name}"
-                                    + (f" + {info.draft_name}" if info.draft_name else " (no draft)"))
+        label = (f"{info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
+                 + f" on {info.device}")
+        self.model_panel.set_applied(info.target_dir, info.draft_dir, info.requested_device, label)
+        log.info("loaded %s (asked for %s) in %.1f s", label, info.requested_device, info.load_s)
+        if "Load a model" in self.input_notice.text() or "finish loading" in self.input_notice.text():
+            self.input_notice.hide()
         self.error_banner.hide()
         if self.notice_banner.isVisible() and not self.corrupt:
             self.notice_banner.hide()
@@ -629,8 +760,9 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, err: ErrorInfo) -> None:
         if self._closing:
             return
+        log.error("loading failed: %s\n%s", err.message, err.details)
         self.state_label.setText("Loading failed." + (" The previous model is still loaded." if self.engine_info else ""))
-        self.model_panel.set_loaded("Not loaded: see the message above the chat.")
+        self.model_panel.set_load_failed()
         self.show_error(err)
         self._update_actions()
 
@@ -659,19 +791,15 @@ class MainWindow(QMainWindow):
         if not text.strip():
             return False
         if self.engine_info is None:
-            self.state_label.setText("Load a model first (Session panel → Load).")
-            return False
+            return self._not_sent("Load a model first (Session panel → Load).")
         if self.controller.loading:
-            self.state_label.setText("Wait for the model to finish loading.")
-            return False
+            return self._not_sent("Wait for the model to finish loading.")
         if self.current is not None and self.live_tag(self.current) is not None:
-            self.state_label.setText("This conversation's reply is still streaming: wait for it or press Esc "
-                                     "to stop it (other conversations can chat meanwhile).")
-            return False
+            return self._not_sent("This conversation's reply is still streaming: wait for it or press Esc "
+                                  "to stop it (other conversations can chat meanwhile). Your message stays here.")
         if self.controller.benchmarking:
-            self.state_label.setText("A comparison run is using the engine (Compare tab): cancel it there or "
-                                     "wait for it; your message stays here.")
-            return False
+            return self._not_sent("A comparison run is using the engine (Compare tab): cancel it there or "
+                                  "wait for it; your message stays here.")
         info = self.engine_info
         try:
             config = self.gen_panel.config(with_draft=info.draft_dir is not None)
@@ -700,8 +828,17 @@ class MainWindow(QMainWindow):
         self._update_stream_marks()
         self._show_streaming_state()
         self.controller.generate(GenerateRequest(reply.id, prompt, config, chat))
+        self.input_notice.hide()
+        self._autosave_timer.start()
         self._update_actions()
         return True
+
+    def _not_sent(self, why: str) -> bool:
+        """Say why a message was not sent where the person looks: right above the box it stays in."""
+        self.input_notice.setText(why)
+        self.input_notice.show()
+        self.state_label.setText(why)
+        return False
 
     def live_tag(self, conv: Conversation) -> str | None:
         """The tag of `conv`'s streaming reply (not stopped), if it has one."""
@@ -773,12 +910,23 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def _on_events(self, tag: str, events: list) -> None:
-        if self._closing or tag in self.stopped:
+        if self._closing:
             return
         entry = self.streams.get(tag)
         if entry is None:
             return
+        if tag in self.stopped:
+            # The text stopped at the click, but the engine ran these steps before it saw the cancel:
+            # the plots count them, as the engine's metrics under the reply do (one tokens-per-step).
+            kept = self._stream_events.get(tag)
+            if kept is not None:
+                kept[1].extend(events)
+            if tag == self.plot_tag:
+                self.plots.add_events(events)
+                self.plots.stop()
+            return
         conv, msg = entry
+        self._unsaved[conv.id] = conv
         new = self._pending_text.setdefault(tag, [])
         for ev in events:
             for p in ev.pieces:
@@ -843,6 +991,10 @@ class MainWindow(QMainWindow):
         if tag == self.plot_tag:
             self.plots.stop()
         self._update_stream_marks()
+        if not self.live_tags():
+            self._autosave()  # saves what is left and stops the timer
+        if self.current is not None and self.live_tag(self.current) is None and "streaming" in self.input_notice.text():
+            self.input_notice.hide()
 
     def _bad_setting(self, message: str) -> None:
         """A ValueError about a setting: shown under its field in the Generation panel (else a banner)."""
@@ -887,8 +1039,10 @@ class MainWindow(QMainWindow):
         if self._closing:
             return
         if entry is not None and err.stage == "start" and err.kind == "ValueError":
+            log.info("the engine refused a request: %s", err.message)
             self._refused(entry[0], entry[1], err)
             return
+        log.error("a reply failed: %s\n%s", err.message, err.details)
         if entry is not None:
             conv, msg = entry
             msg.status = ERROR
@@ -932,9 +1086,12 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(streaming)
         self.model_panel.load_button.setEnabled(not self.model_panel.problems() and not self.controller.loading)
         if self.engine_info is None and not self.controller.loading:
-            self.input.setPlaceholderText("Load a model in the Session panel, then type a message here.")
+            hint = "Load a model in the Session panel, then type a message here."
         else:
-            self.input.setPlaceholderText("Type a message. Enter sends, Shift+Enter adds a line, Esc stops.")
+            hint = "Type a message. Enter sends, Shift+Enter adds a line, Esc stops."
+        if self.input.placeholderText() != hint:
+            self.input.setPlaceholderText(hint)
+            self.input.viewport().update()  # an empty box does not repaint its placeholder by itself
 
     def _about(self) -> None:
         QMessageBox.about(self, "About DFlash Studio",
@@ -955,10 +1112,12 @@ class MainWindow(QMainWindow):
                 msg.finish_reason = "cancelled"
         self.plots.stop()
         self._text_timer.stop()
+        self._autosave_timer.stop()
         self._pending_text.clear()
         if self._prepare_dialog is not None:
             self._prepare_dialog.stop()
         self.hide()
+        self.server_panel.stop()  # clients' running requests finish (a few seconds) before the engine stops
         self.controller.shutdown()  # cancels the running request and waits for the thread
         for conv in {id(c): c for c, _m in self.streams.values()}.values():
             self._save(conv)

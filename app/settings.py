@@ -26,6 +26,7 @@ K_NUM_ASSISTANT = "generation/num_assistant_tokens"  # 0 means "the draft's defa
 K_MIN_NEW_TOKENS = "generation/min_new_tokens"
 K_MARKOV_TOP_K = "generation/markov_head_top_k"  # -1 means "the draft's default"
 K_DO_SAMPLE = "generation/do_sample"
+K_DECODING_CUSTOM = "generation/decoding_custom"  # true once the person set decoding themselves
 K_TEMPERATURE = "generation/temperature"
 K_TOP_K = "generation/top_k"
 K_TOP_P = "generation/top_p"
@@ -36,10 +37,15 @@ K_REPETITION_PENALTY = "generation/repetition_penalty"
 K_PRESENCE_PENALTY = "generation/presence_penalty"
 K_FREQUENCY_PENALTY = "generation/frequency_penalty"
 K_STOP_STRINGS = "generation/stop_strings"
+K_MORE_SETTINGS = "generation/more_shown"  # penalties, min new tokens, stop strings unfolded
 K_COMPARE = "compare/"  # prefix of the comparison panel's settings
 K_SYSTEM_PROMPT = "generation/system_prompt"
 K_MARK_DRAFT = "chat/mark_draft_tokens"
 K_LAST_CONVERSATION = "chat/last_conversation"
+K_SERVER_HOST = "server/host"
+K_SERVER_PORT = "server/port"
+K_SERVER_API_KEY = "server/api_key"  # kept in the settings file in plain text, like a client's config
+K_SERVER_MAX_QUEUE = "server/max_queue"
 
 
 def open_settings(path: str | os.PathLike | None = None) -> QSettings:

@@ -27,6 +27,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
 from engine.errors import DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+from engine.metrics import RequestMetrics
 
 Loader = Callable[..., Any]
 
@@ -84,6 +85,9 @@ class GenerateRequest:
     prompt: Any  # str | list[dict] | list[int]
     config: GenerationConfig
     chat: bool | None = None
+    # A local-server request (app/server/worker_loop.py): it admits itself (`admit(pipe, info)` -> request
+    # id, or None when it refused) and hears its events, end and failure on this thread, not via signals.
+    sink: Any = None
 
 
 @dataclass
@@ -186,7 +190,9 @@ def request_stats(config: GenerationConfig, info: EngineInfo | None) -> dict[str
 
 
 class _Tally:
-    """Counts from the events of one request: the fallback when the engine has no metrics."""
+    """What the events of one request said: the fallback when the engine has no metrics. Steps, tokens per
+    step and acceptance are counted by engine.metrics.RequestMetrics itself (the live plots count them
+    the same way), so the figure under a reply and the plot header are one number."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -194,9 +200,7 @@ class _Tally:
         self.last: float | None = None
         self.tokens = 0
         self.first_step_tokens = 0
-        self.steps = 0
-        self.drafted = 0
-        self.accepted = 0
+        self.counts = RequestMetrics()
 
     def add(self, ev: Any) -> None:
         n = len(ev.tokens)
@@ -205,26 +209,24 @@ class _Tally:
             if self.first is None:
                 self.first = now
                 self.first_step_tokens = n
-            else:
-                self.steps += 1
             self.last = now
         self.tokens += n
-        self.drafted += len(ev.drafted)
-        self.accepted += ev.accepted
+        self.counts.record(ev)
 
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = {}
+        c = self.counts
         if self.first is not None:
             s["ttft_ms"] = (self.first - self.t0) * 1000.0
             decode_tokens = self.tokens - self.first_step_tokens
             dt = (self.last or self.first) - self.first
             if decode_tokens > 0 and dt > 0:
                 s["decode_tok_s"] = decode_tokens / dt
-            if self.steps:
-                s["tokens_per_step"] = decode_tokens / self.steps
-        if self.drafted:
-            s["acceptance_rate"] = self.accepted / self.drafted
-        s["target_steps"] = self.steps  # verification steps after the prefill, as the engine counts
+            if c.target_steps:
+                s["tokens_per_step"] = c.tokens_per_step
+        if c.drafted_total:
+            s["acceptance_rate"] = c.acceptance_rate
+        s["target_steps"] = c.target_steps  # verification steps after the prefill, as the engine counts
         return s
 
 
@@ -256,6 +258,7 @@ class EngineWorker(QObject):
         self._live: dict[int, _Live] = {}  # request id -> live request (worker thread)
         self._pumping = False
         self.shutting_down = threading.Event()
+        self.step_observer: Callable[[float], None] | None = None  # seconds per engine step (the server's metrics)
 
     # -- called from the GUI thread (thread-safe) ------------------------------------------------
     def request_cancel(self, tag: str) -> None:
@@ -350,13 +353,24 @@ class EngineWorker(QObject):
         if self._is_cancelled(tag):
             with self._lock:
                 self._cancelled.discard(tag)
-            self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
+            if req.sink is not None:
+                req.sink.finished("cancelled", None)
+            else:
+                self.finished.emit(tag, FinishInfo(-1, "cancelled", {}))
             return
         pipe = self._pipe
         if pipe is None:
-            self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
+            if req.sink is not None:
+                req.sink.failed("No model is loaded: load a target in the app first.")
+            else:
+                self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
             return
         tally = _Tally()
+        if req.sink is not None:
+            rid = req.sink.admit(pipe, self._info)
+            if rid is not None:
+                self._live[rid] = _Live(req, rid, tally)
+            return
         try:
             rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
         except BaseException as exc:  # noqa: BLE001 - a bad setting fails this request only
@@ -379,11 +393,18 @@ class EngineWorker(QObject):
                     pass
                 lv.cancel_sent = lv.cancel_this_step = True
         try:
+            t0 = time.perf_counter()
             events = pipe.step()
+            if self.step_observer is not None:
+                self.step_observer(time.perf_counter() - t0)
         except BaseException as exc:  # noqa: BLE001 - every live request fails; the app keeps running
             err = ErrorInfo.from_exception(exc, "Generating")
             live, self._live = list(self._live.values()), {}
             for lv in live:
+                if lv.req.sink is not None:
+                    self._forget(pipe, lv.rid, lv.tag)
+                    lv.req.sink.failed(err.message)
+                    continue
                 if lv.batch:
                     self.events_ready.emit(lv.tag, lv.batch)
                     lv.batch = []
@@ -414,6 +435,9 @@ class EngineWorker(QObject):
                 lv.reason = "cancelled" if lv.cancel_sent else lv.reason
         now = time.perf_counter()
         for lv in list(self._live.values()):
+            if lv.req.sink is not None and lv.batch:  # a server request streams every step
+                lv.req.sink.events(lv.batch)
+                lv.batch = []
             if lv.batch and (lv.done or now - lv.last_flush >= self.flush_interval_s):
                 self.events_ready.emit(lv.tag, lv.batch)
                 lv.batch = []
@@ -427,6 +451,10 @@ class EngineWorker(QObject):
             metrics = pipe.metrics(lv.rid)
         except Exception:  # noqa: BLE001 - fall back to what the events said
             metrics = None
+        if lv.req.sink is not None:
+            self._forget(pipe, lv.rid, lv.tag)
+            lv.req.sink.finished(lv.reason, metrics)
+            return
         stats = stats_from_metrics(metrics, lv.tally, self._info)
         stats.update(request_stats(lv.req.config, self._info))
         stats["finish_reason"] = lv.reason
@@ -567,6 +595,18 @@ class EngineController(QObject):
         self._wake.emit()
         if not was:
             self.busy_changed.emit(True)
+
+    def submit_external(self, req: GenerateRequest) -> None:
+        """Queue a request with a sink (the local server; any thread): it runs in the same steps as the
+        chats, after the loads sent before it, and is not one of the chat's pending replies."""
+        if self._closed:
+            req.sink.failed("The app is closing.")
+            return
+        self._worker.enqueue(req, self._epoch)
+        self._wake.emit()
+
+    def set_step_observer(self, observer: Callable[[float], None] | None) -> None:
+        self._worker.step_observer = observer
 
     def bench(self, job: BenchJob) -> bool:
         """Queue a comparison run on the engine thread (after what is already queued there)."""

@@ -10,15 +10,23 @@ import json
 import sys
 from pathlib import Path
 
-from engine.console import progress_printer, resolve_models
+from engine.console import progress_printer
 from engine.errors import DFlashError
+
+
+def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """(target, draft) for generate and serve: the catalogue's first draft when --draft is not given."""
+    from engine.catalog import resolve_models
+
+    target, drafts = resolve_models(args.target, args.draft)
+    return target, (drafts[0] if drafts else None)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.api import load_engine
     from engine.config import GenerationConfig
 
-    target, draft = resolve_models(args.target, args.draft)
+    target, draft = _resolve_models(args)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         num_assistant_tokens=args.num_assistant_tokens, markov_head_top_k=args.markov_head_top_k,
@@ -48,6 +56,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.model or args.remove or args.list or args.wheels or args.keep_intermediates:
+        from engine.prepare_catalog import prepare_cli
+
+        return prepare_cli(args, progress_printer(args.quiet))
     from engine.prepare import prepare_default
 
     path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress_printer(args.quiet))
@@ -56,6 +68,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.kind == "serving":
+        from engine.export.serving import run_cli
+
+        return run_cli(args)
+    if not args.input:
+        raise ValueError(f"export --kind {args.kind} needs --input DIR (the Hugging Face folder).")
     show = progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
@@ -124,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
 
     def model_args(sp: argparse.ArgumentParser, several_drafts: bool = False) -> None:
-        sp.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
+        sp.add_argument("--target", help="target OpenVINO folder, or a prepared catalogue model by name "
+                                         "(qwen2.5-coder-0.5b; default: the embedded SmolLM2)")
         if several_drafts:
             sp.add_argument("--draft", nargs="+", default=None, metavar="DIR",
                             help="draft folders to compare (default: the best prepared draft; 'none' for the "
@@ -167,16 +186,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
-    e.add_argument("--kind", choices=["target", "draft"], required=True)
-    e.add_argument("--input", required=True, help="Hugging Face checkpoint folder")
+    e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,
+                   help="serving: a draft as the checkpoint vLLM / SGLang load, with their launch command")
+    e.add_argument("--input", help="Hugging Face checkpoint folder (target, draft)")
+    e.add_argument("--target", help="serving: the target's folder (default: the embedded SmolLM2)")
+    e.add_argument("--draft", help="serving: the draft checkpoint (or its exported IR)")
+    e.add_argument("--engine", choices=["vllm", "sglang"], help="serving: the engine the README launches")
     e.add_argument("--output", required=True, help="OpenVINO folder to write")
     e.add_argument("--weight-format", default=None, help="int4|int8|fp16|fp32 (target default int8, draft fp32)")
     e.set_defaults(func=cmd_export)
 
-    pr = sub.add_parser("prepare", help="build the embedded default models into the user data folder")
+    pr = sub.add_parser("prepare", help="build the embedded default models (or --model NAME) into the user data folder")
     pr.add_argument("--force", action="store_true", help="rebuild even if prepared")
     pr.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
     pr.add_argument("--quiet", action="store_true")
+    from engine.prepare_catalog import add_prepare_args
+
+    add_prepare_args(pr)
     pr.set_defaults(func=cmd_prepare)
 
     v = sub.add_parser("draft-vocab", help="write a draft's sub-vocabulary (its lm_head then scores only those tokens)")
@@ -189,6 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vocab-size", type=int, help="the target's vocabulary size (default: the draft's config.json)")
     v.add_argument("--heldout", type=int, default=0, help="first N rows held out to report coverage")
     v.set_defaults(func=cmd_draft_vocab)
+
+    from engine.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub, model_args, _resolve_models)
+
+    try:  # the bundled app ships without the training stack (installer/dflash-studio.spec)
+        from engine.training.cli import add_parser as add_train_draft  # torch is imported only when it runs
+    except ImportError:
+        add_train_draft = None
+    if add_train_draft is not None:
+        add_train_draft(sub)
 
     d = sub.add_parser("devices", help="list OpenVINO devices")
     d.add_argument("--json", action="store_true")

@@ -1,14 +1,12 @@
-"""What the command-line tools share: the one-line progress bar and the default models to load.
+"""What the command-line tools share: the one-line progress bar.
 
-engine/cli.py and engine/bench/cli.py both use these, so neither imports the other's helpers.
+engine/cli.py, engine/bench/cli.py and the bundle's prepare use it, so none imports another's
+private helpers (the models to load come from engine/catalog.py's resolve_models).
 """
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Callable
-
-from engine.errors import DFlashError
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -26,23 +24,3 @@ def progress_printer(quiet: bool = False) -> Progress:
         if fraction is not None and fraction >= 1.0:
             print(file=sys.stderr)
     return show
-
-
-def resolve_models(target: str | None, draft: str | None) -> tuple[Path, Path | None]:
-    """(target, draft) from the command line: the embedded default target when none is given, and then
-    the best prepared draft unless `draft` says otherwise ('none': the target alone)."""
-    if target:
-        target_dir = Path(target)
-    else:
-        from engine.paths import default_target_dir
-        from engine.prepare import is_prepared
-
-        target_dir = default_target_dir()
-        if not is_prepared(target_dir):
-            raise DFlashError(f"The embedded default target is not prepared yet ({target_dir}): run "
-                              "`dflash-studio prepare` first, or pass --target DIR.")
-    if draft is None:
-        from engine.paths import best_draft_dir
-
-        return target_dir, (best_draft_dir() if not target else None)
-    return target_dir, (None if draft.lower() == "none" else Path(draft))

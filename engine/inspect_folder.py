@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 # Draft architectures (config.json architectures[0]) -> variant. The exporters define the same
-# names (engine.export.dflash_v1.DFLASH_V1_ARCH, dspark.DSPARK_ARCH, dflash2.DFLASH2_ARCH); they
+# names (engine.drafts.dflash_v1.DFLASH_V1_ARCH, dspark.DSPARK_ARCH, dflash2.DFLASH2_ARCH); they
 # import torch, so the names are repeated here and a test keeps them equal.
 DRAFT_ARCHS = {
     "DFlashDraftModel": "dflash_v1",
@@ -540,7 +540,7 @@ def _draft_weights_problem(info: FolderInfo, cfg: Mapping[str, Any]) -> str | No
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default taps (same as engine.export.dflash_v1.default_target_layer_ids; a test checks)."""
+    """z-lab's default taps (same as engine.drafts.dflash_v1.default_target_layer_ids; a test checks)."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3

@@ -147,19 +147,31 @@ SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
 DRAFT_WEIGHT_FORMAT = "int8"  # a draft call reads ~9 MB instead of ~18 MB: 6.6 vs 9.5 ms measured side by side
 
 
-def shipped_drafts() -> list[Path]:
-    """Draft checkpoints shipped in resources/drafts (config.json + model.safetensors each)."""
+DRAFT_PREFIX = "smollm2-"  # resources/drafts/<prefix>* belong to a target (engine.catalog: one per model)
+
+
+def shipped_drafts(prefix: str = DRAFT_PREFIX) -> list[Path]:
+    """Draft checkpoints shipped in resources/drafts for one target (config.json + model.safetensors each)."""
     if not SHIPPED_DRAFTS.is_dir():
         return []
-    return sorted(p for p in SHIPPED_DRAFTS.iterdir() if (p / "config.json").is_file())
+    return sorted(p for p in SHIPPED_DRAFTS.iterdir() if p.name.startswith(prefix) and (p / "config.json").is_file())
 
 
-def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None) -> list[Path]:
-    """Export every shipped draft for the prepared target into default_drafts_dir(); mark the best.
+def default_draft_name(prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT") -> str:
+    """The shipped draft resources/drafts/<default_file> names, else the first shipped one ('' if none)."""
+    named = SHIPPED_DRAFTS / default_file
+    shipped = [p.name for p in shipped_drafts(prefix)]
+    wanted = named.read_text(encoding="utf-8").strip() if named.is_file() else ""
+    return wanted if wanted in shipped else (shipped[0] if shipped else "")
+
+
+def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None, *,
+                   prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT", best_file: str = "best.txt") -> list[Path]:
+    """Export the target's shipped drafts (resources/drafts/<prefix>*) into default_drafts_dir(); mark the best.
 
     A draft folder is reused while its marker is valid and names the same source checkpoint; the
-    default draft (`best.txt`) is the one resources/drafts/DEFAULT names, else the first shipped.
-    Each export is checked against the target (check_draft_fits) before it is marked.
+    default draft (`best_file`) is the one resources/drafts/<default_file> names, else the first
+    shipped. Each export is checked against the target (check_draft_fits) before it is marked.
     """
     from engine.export.draft import export_draft
     from engine.models.draft import check_draft_fits
@@ -168,7 +180,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
 
     say = progress or (lambda _m, _f: None)
     out: list[Path] = []
-    for src in shipped_drafts():
+    for src in shipped_drafts(prefix):
         dest = default_drafts_dir() / src.name
         source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = _read_marker(dest) if is_prepared(dest) else {}
@@ -188,9 +200,8 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         write_marker(dest, extra={"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT})
         out.append(dest)
     if out:
-        wanted = (SHIPPED_DRAFTS / "DEFAULT").read_text().strip() if (SHIPPED_DRAFTS / "DEFAULT").is_file() else ""
-        best = next((d for d in out if d.name == wanted), out[0])
-        (default_drafts_dir() / "best.txt").write_text(best.name + "\n", encoding="utf-8")
+        best = next((d for d in out if d.name == default_draft_name(prefix, default_file)), out[0])
+        (default_drafts_dir() / best_file).write_text(best.name + "\n", encoding="utf-8")
     return out
 
 
@@ -237,9 +248,7 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
 
     Writes into a sibling staging folder, renames into place, then writes the marker.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import GenerationConfig
 
     say = progress or (lambda _m, _f: None)
     staging = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -249,32 +258,9 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
         check_tokenizer_against_gguf(tokenizer, gguf_path)
 
         say("Dequantizing the GGUF weights", 0.20)
-        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        # A GGUF-loaded model refuses save_pretrained: drop the quantization marker, build a plain
-        # float model and load the dequantized weights into it. (This also avoids the
-        # `accelerate` requirement of from_pretrained(gguf_file=...).)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.rms_norm_eps = float(f"{config.rms_norm_eps:.6g}")  # GGUF stores 1e-5 as f32
-        config.architectures = ["LlamaForCausalLM"]
-        for attr in ("_model_name_or_path", "_name_or_path"):
-            if hasattr(config, attr):
-                setattr(config, attr, "")
-        with torch.device("meta"):
-            shell = AutoModelForCausalLM.from_config(config)
-        state = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=shell)["tensors"]
-        del shell
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        state = {k: v.to(torch.float32) for k, v in state.items()}
-        result = model.load_state_dict(state, strict=False)
-        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-        missing = set(result.missing_keys) - tied
-        if missing or result.unexpected_keys:
-            raise ModelFolderError(
-                f"GGUF weights do not fit the model: missing {sorted(missing)[:5]}, unexpected {result.unexpected_keys[:5]}"
-            )
-        model.tie_weights()
-        model.eval()
+        from engine.gguf_model import float_model_from_gguf
+
+        model = float_model_from_gguf(gguf_path, "LlamaForCausalLM")
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
         )
@@ -283,7 +269,7 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
         staging.mkdir(parents=True)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        del model, state
+        del model
         _check_saved_tokenizer(staging)
         say("Moving the Hugging Face folder into place", 0.95)
         if out_dir.is_dir():

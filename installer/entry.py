@@ -34,7 +34,7 @@ def _usable_streams() -> None:
 
 
 def _cli(argv: list[str]) -> int:
-    if argv and argv[0] == "prepare":
+    if argv and argv[0] == "prepare" and not {"--model", "--remove", "--list"} & {a.split("=")[0] for a in argv}:
         from bundled_models import prepare_main
 
         return prepare_main(argv[1:])

@@ -46,7 +46,7 @@ def _build_draft(hf_dir: Path, work: Path, out: Path) -> dict:
         import torch
         from transformers import AutoConfig, AutoTokenizer
 
-        from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+        from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
         from engine.export.draft import export_draft
 
         cfg_t = AutoConfig.from_pretrained(hf_dir)

@@ -35,6 +35,20 @@ def tiny_llama_hf(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: 
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_hf(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("tiny-qwen2")
+    return tiny_models.build_tiny_hf("qwen2", root / "hf", _tokenizer(tiny_tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_target(tiny_qwen2_hf: Path) -> Path:
+    """fp32 OpenVINO IR folder of the tiny Qwen2 target (optimum does not annotate Qwen2: our search does)."""
+    from engine.export.target import export_target
+
+    return export_target(tiny_qwen2_hf, tiny_qwen2_hf.parent / "ov", weight_format="fp32")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_target(tiny_qwen3_hf: Path) -> Path:
     """fp32 OpenVINO IR folder of the tiny Qwen3 target (annotated by optimum itself)."""
     from engine.export.target import export_target

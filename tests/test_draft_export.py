@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.errors import ModelFolderError  # noqa: E402
-from engine.export.dflash_v1 import (  # noqa: E402
+from engine.drafts.dflash_v1 import (  # noqa: E402
     DFlashV1Draft,
     load_checkpoint,
     random_draft_config,

@@ -12,9 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.errors import ModelFolderError  # noqa: E402
-from engine.export import dflash2, dspark  # noqa: E402
+from engine.drafts import dflash2, dspark  # noqa: E402
+from engine.drafts.heads import dense_bias_np, edge_bias_np  # noqa: E402
+from engine.export import dflash2 as dflash2_export, dspark as dspark_export  # noqa: E402
 from engine.export.draft import DRAFT_XML, state_name  # noqa: E402
-from engine.export.markov_head import DENSE_XML, SCORER_XML, dense_bias_np, edge_bias_np  # noqa: E402
+from engine.export.markov_head import DENSE_XML, SCORER_XML  # noqa: E402
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 TARGET = {
@@ -72,11 +74,11 @@ def built(tmp_path_factory: pytest.TempPathFactory):
             root = tmp_path_factory.mktemp(kind)
             if kind.startswith("dflash2"):
                 ckpt = _dflash2_ckpt(root / "ckpt", sliding=kind != "dflash2_full")
-                cache[kind] = (ckpt, dflash2.export_dflash2_draft(ckpt, root / "ir"))
+                cache[kind] = (ckpt, dflash2_export.export_dflash2_draft(ckpt, root / "ir"))
             else:
                 ckpt = _dspark_ckpt(root / "ckpt", kind)
                 (ckpt / "generation_config.json").write_text("{}")  # copied along (folder contract)
-                cache[kind] = (ckpt, dspark.export_dspark_draft(ckpt, root / "ir"))
+                cache[kind] = (ckpt, dspark_export.export_dspark_draft(ckpt, root / "ir"))
         return cache[kind]
 
     return get
@@ -324,7 +326,7 @@ def test_dflash2_config_options(tmp_path: Path) -> None:
     cfg["dflash_config"]["activations_scale_factor"] = 64
     torch.manual_seed(0)
     ckpt = dflash2.save_dflash2_checkpoint(dflash2.DFlash2Draft(cfg), cfg, tmp_path / "ckpt")
-    rt = _rt(ov.Core().read_model(str(dflash2.export_dflash2_draft(ckpt, tmp_path / "ir") / DRAFT_XML)))
+    rt = _rt(ov.Core().read_model(str(dflash2_export.export_dflash2_draft(ckpt, tmp_path / "ir") / DRAFT_XML)))
     assert "dflash/final_logit_softcapping" not in rt
     assert rt["dflash/input_embedding_scale"] == rt["dflash/output_multiplier"] == "1.0"
     assert rt["runtime_options/ACTIVATIONS_SCALE_FACTOR"] == "64.0"
@@ -387,7 +389,7 @@ def test_load_public_dspark_checkpoint(tmp_path: Path) -> None:
     # The copies make a reference walk possible without the target's tables.
     toks = dspark.reference_walk(model, None, None, 5, torch.randn(4, 2 * H), 7, "topk")
     assert toks.shape == (7,)
-    out = dspark.export_dspark_draft(tmp_path / "ckpt", tmp_path / "ir")
+    out = dspark_export.export_dspark_draft(tmp_path / "ckpt", tmp_path / "ir")
     assert (out / SCORER_XML).is_file() and (out / DENSE_XML).is_file()
 
     # A missing head tensor is named.
@@ -423,7 +425,7 @@ def test_load_public_dflash2_checkpoint(tmp_path: Path) -> None:
     assert torch.equal(model.layers[1].mlp_conv.kernel_projection.weight, state["layers.1.mlp_conv.kernel_projection.weight"])
     assert torch.equal(model.candidate_selector.successor_codebook, state["candidate_selector.successor_codebook"])
     assert model.v2.selector_top_k == 16 and model.cfg.sliding_window == 2048
-    out = dflash2.export_dflash2_draft(tmp_path / "ckpt", tmp_path / "ir")
+    out = dflash2_export.export_dflash2_draft(tmp_path / "ckpt", tmp_path / "ir")
     assert (out / SCORER_XML).is_file() and not (out / DENSE_XML).exists()
 
 
@@ -453,7 +455,7 @@ def test_conv_taps_stay_inside_blocks() -> None:
 
 def test_dflash2_packed_training_equals_single_blocks() -> None:
     """Two blocks packed as in training give the same rows as two inference calls."""
-    from engine.training.dflash_train import packed_inputs
+    from engine.training.packing import packed_inputs
 
     cfg = dflash2.random_dflash2_config(TARGET, 2, 4, [1, 2], MASK, conv_group_size=16, selector_rank=4, selector_top_k=3)
     torch.manual_seed(0)
@@ -584,7 +586,7 @@ def test_mislabelled_checkpoint_is_refused_without_output(tmp_path: Path) -> Non
 @pytest.mark.parametrize("fmt", ["fp16", "int8"])
 def test_compressed_heads(built, tmp_path: Path, fmt: str) -> None:
     ckpt, ref_dir = built("gated")
-    out = dspark.export_dspark_draft(ckpt, tmp_path / fmt, weight_format=fmt)
+    out = dspark_export.export_dspark_draft(ckpt, tmp_path / fmt, weight_format=fmt)
     assert (out / "openvino_markov_head_model.bin").stat().st_size < (ref_dir / "openvino_markov_head_model.bin").stat().st_size
     pred, cand, hidden = _head_inputs(5, 8)
     feed = {"predecessor_ids": pred.numpy(), "candidate_ids": cand.numpy(), "draft_hidden_states": hidden.numpy()}

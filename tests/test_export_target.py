@@ -51,7 +51,7 @@ def _hf_hidden(hf_dir: Path, ids: np.ndarray) -> list[np.ndarray]:
     return [h.numpy() for h in out.hidden_states]
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2"])
 @pytest.mark.parametrize("use_annotation", [True, False])
 def test_taps_equal_hf_hidden_states(kind: str, use_annotation: bool, request: pytest.FixtureRequest) -> None:
     """Tapped layer i == HF output_hidden_states[i+1] (the last one is post-norm in both)."""
@@ -80,6 +80,19 @@ def test_llama_gets_annotation(tiny_llama_target: Path) -> None:
     assert ann["layers"]["3"]["producer"] == "__module.model.norm/aten::mul/Multiply"
     raw = model.get_rt_info(hidden_taps.RT_INFO_KEY).astype(str)
     assert raw == hidden_taps.annotation_for(hidden_taps.search_decoder_layer_outputs(model))
+
+
+def test_qwen2_is_annotated_by_the_search_in_int8_too(tiny_qwen2_hf: Path, tiny_qwen2_target: Path, tmp_path: Path) -> None:
+    """optimum leaves Qwen2 (q/k/v biases, untied head) unannotated: the exporter's graph search
+    must find the layer outputs, not a bias Add of the same width, also after int8 compression."""
+    fp32 = _read(tiny_qwen2_target)
+    ann = hidden_taps.read_annotation(fp32)
+    assert ann is not None and sorted(ann["layers"], key=int) == ["0", "1", "2", "3"]
+    assert ann["layers"]["0"]["producer"].startswith("__module.model.layers.0/")
+    assert ann["layers"]["3"]["producer"].startswith("__module.model.norm/")
+    int8 = export_target(tiny_qwen2_hf, tmp_path / "int8", weight_format="int8")
+    ann8 = hidden_taps.read_annotation(_read(int8))
+    assert ann8 == ann, "int8 compression must not move the taps"
 
 
 def test_search_reproduces_optimum_qwen3_annotation(tiny_qwen3_target: Path) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "app", "dflash_studio")
 FORBIDDEN_IN_ENGINE = ("app", "dflash_studio", "PySide6", "shiboken6", "pyqtgraph")
-# The one known cycle: the torch draft exporters' dispatcher also holds their shared IR helpers. The
-# train-draft issue moves these modules; whichever of the two issues lands second removes this entry.
-KNOWN_CYCLES = [frozenset({"engine.export.draft", "engine.export.dspark", "engine.export.dflash2"})]
+# Cycles tolerated for now, each with the issue that breaks it (none: the export draft <-> dspark <->
+# dflash2 cycle went with the train-draft issue's shared engine/export/ir.py).
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def _modules() -> dict[str, Path]:
@@ -116,7 +116,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
-def test_no_import_cycles_but_the_known_one() -> None:
+def test_no_import_cycles() -> None:
     edges, _ = _graph()
     cycles = _cycles(edges)
     unknown = [sorted(c) for c in cycles if c not in KNOWN_CYCLES]

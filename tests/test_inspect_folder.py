@@ -24,8 +24,8 @@ def variant_ckpts(tiny_qwen3_hf: Path, tmp_path_factory) -> dict[str, Path]:
     """HF checkpoint folders of every variant kind for the tiny Qwen3 target (random weights)."""
     import torch
 
-    from engine.export.dflash2 import DFlash2Draft, save_dflash2_checkpoint
-    from engine.export.dspark import DSparkDraft, save_dspark_checkpoint
+    from engine.drafts.dflash2 import DFlash2Draft, save_dflash2_checkpoint
+    from engine.drafts.dspark import DSparkDraft, save_dspark_checkpoint
     from fixtures.tiny_models import MASK_ID
     from fixtures.tiny_variant_drafts import DSPARK, VARIANT_SPECS, make_config
 
@@ -48,7 +48,7 @@ def build_v1_ckpt(target_cfg: dict, out: Path, layer_ids=(1, 2), block=8, **over
     """A random DFlash v1 checkpoint for a target config (edited by `over`, e.g. another hidden size)."""
     import torch
 
-    from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
     from fixtures.tiny_models import MASK_ID
 
     cfg = random_draft_config({**target_cfg, **over}, 1, block, list(layer_ids), MASK_ID)
@@ -299,7 +299,8 @@ def test_the_engine_refuses_what_the_pre_check_refuses(tiny_qwen3_hf: Path, tiny
 
 # ---- names shared with the exporters (which import torch) ----------------------------------------
 def test_constants_match_the_exporters() -> None:
-    from engine.export import dflash2, dflash_v1, draft, dspark, target
+    from engine.drafts import dflash2, dflash_v1, dspark
+    from engine.export import draft, target
 
     assert F.DRAFT_ARCHS == {dflash_v1.DFLASH_V1_ARCH: draft.VARIANT_DFLASH_V1, dspark.DSPARK_ARCH: draft.VARIANT_DSPARK,
                              dflash2.DFLASH2_ARCH: draft.VARIANT_DFLASH_V2}

@@ -162,7 +162,7 @@ def test_chat_messages_use_the_template(qwen_alone) -> None:
 
 
 def test_draft_that_does_not_fit_is_refused_with_reasons(tmp_path, tiny_qwen3_target, tiny_qwen3_hf) -> None:
-    from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
     from engine.export.draft import export_draft
 
     cfg = json.loads((tiny_qwen3_hf / "config.json").read_text())

@@ -6,10 +6,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.chat import schema
+
 # Assistant message states. "streaming" is never written to disk as final: a file saved while a
 # reply streams keeps it, and loading turns it into "interrupted".
 STREAMING, DONE, CANCELLED, ERROR, INTERRUPTED = "streaming", "done", "cancelled", "error", "interrupted"
-ROLES = ("user", "assistant", "system")
+ROLES = schema.ROLES
 
 
 def new_id() -> str:
@@ -53,31 +55,19 @@ class Message:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Message":
-        role = d.get("role")
-        if role not in ROLES:
-            raise ValueError(f"message role {role!r} is not one of {', '.join(ROLES)}")
-        content = d.get("content", "")
-        if not isinstance(content, str):
-            raise ValueError("message content is not text")
-        pieces_raw = d.get("pieces") or []
-        pieces: list[tuple[str, bool]] = []
-        for p in pieces_raw:
-            if not (isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)):
-                raise ValueError("message pieces must be [text, from_draft] pairs")
-            pieces.append((p[0], bool(p[1])))
-        if pieces and "".join(t for t, _ in pieces) != content:
-            raise ValueError("message pieces do not add up to its content")
-        stats = d.get("stats")
-        if stats is not None and not isinstance(stats, dict):
-            raise ValueError("message stats is not an object")
-        status = d.get("status", DONE)
+        """A message from its history line; every field checked (app/chat/schema.py), HistoryFormatError if bad."""
+        role = schema.one_of(d.get("role"), "role", ROLES)
+        content = schema.text(d.get("content", ""), "content")
+        pieces = schema.pieces(d.get("pieces"), content)
+        stats = schema.stats(d.get("stats"))
+        status = schema.one_of(d.get("status", DONE), "status", schema.STATUSES)
         if status == STREAMING:
-            status = INTERRUPTED
-        created = d.get("created", time.time())
-        return cls(role=role, content=content, pieces=pieces, stats=stats, status=str(status),
-                   finish_reason=d.get("finish_reason"), error=d.get("error"),
-                   id=str(d.get("id") or new_id()),
-                   created=float(created) if isinstance(created, (int, float)) else time.time())
+            status = INTERRUPTED  # the app was killed while this reply streamed: its text so far is kept
+        created = schema.timestamp(d["created"], "created") if "created" in d else time.time()
+        mid = schema.identifier(d["id"], "id") if d.get("id") is not None else new_id()
+        return cls(role=role, content=content, pieces=pieces, stats=stats, status=status,
+                   finish_reason=schema.optional_text(d.get("finish_reason"), "finish_reason"),
+                   error=schema.optional_text(d.get("error"), "error"), id=mid, created=created)
 
 
 @dataclass

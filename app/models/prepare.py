@@ -1,4 +1,5 @@
-"""Prepare the embedded default target in a child process, with its output streamed into a log."""
+"""Prepare the embedded default target (or a catalogue model) in a child process, with its output
+streamed into a log."""
 from __future__ import annotations
 
 import re
@@ -13,8 +14,8 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPlainTextEdit
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def default_prepare_command() -> tuple[str, list[str]]:
-    return sys.executable, ["-m", "engine.cli", "prepare"]
+def default_prepare_command(model: str | None = None) -> tuple[str, list[str]]:
+    return sys.executable, ["-m", "engine.cli", "prepare", *(["--model", model] if model else [])]
 
 
 class PrepareDialog(QDialog):
@@ -22,16 +23,18 @@ class PrepareDialog(QDialog):
 
     succeeded = Signal()
 
-    def __init__(self, command: tuple[str, list[str]] | None = None, parent=None) -> None:
+    def __init__(self, command: tuple[str, list[str]] | None = None, parent=None,
+                 model_title: str | None = None, about: str | None = None) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Prepare the default model")
+        self.model_title = model_title
+        self.setWindowTitle(f"Prepare {model_title}" if model_title else "Prepare the default model")
         self.resize(720, 420)
         self.program, self.args = command or default_prepare_command()
         lay = QVBoxLayout(self)
-        self.info = QLabel(
+        self.info = QLabel(about or (
             "Preparing the embedded default target (SmolLM2-135M-Instruct): converting it to "
             "OpenVINO IR in your user data folder. This runs once and takes a minute or two."
-        )
+        ))
         self.info.setWordWrap(True)
         lay.addWidget(self.info)
         self.cmd_label = QLabel(f"<code>{self.program} {' '.join(self.args)}</code>")
@@ -104,7 +107,8 @@ class PrepareDialog(QDialog):
         self._read()
         self.exit_code = code
         ok = status == QProcess.ExitStatus.NormalExit and code == 0
-        self._done(ok, "Done: the default model is ready." if ok else
+        ready = f"Done: {self.model_title} is ready." if self.model_title else "Done: the default model is ready."
+        self._done(ok, ready if ok else
                    f"The preparation failed (exit code {code}). The log above says why.")
 
     def _done(self, ok: bool, message: str) -> None:

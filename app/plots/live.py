@@ -15,6 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.qt_tracking import TrackedTimer
+from engine.metrics import RequestMetrics
 
 REDRAW_MS = 40  # 25 Hz while drawing is cheap
 MAX_REDRAW_MS = 100  # the slowest it gets when drawing is expensive (slow machine): still 10 Hz
@@ -66,6 +67,7 @@ class LivePlots(QWidget):
         self.tokens = GrowBuffer()  # tokens committed by that step
         self.draft_ms = GrowBuffer()
         self.target_ms = GrowBuffer()
+        self.metrics = RequestMetrics()  # the same count as the figure under the reply
         self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps that drafted a token there
         self.hits = np.zeros(0, dtype=np.int64)  # ... and had it accepted (the engine's measure)
         self.conf_sum = np.zeros(0, dtype=np.float64)  # per block position: the draft's confidence, summed
@@ -155,6 +157,7 @@ class LivePlots(QWidget):
     def reset(self) -> None:
         for b in (self.steps, self.tokens, self.draft_ms, self.target_ms):
             b.clear()
+        self.metrics = RequestMetrics()
         self.reached = np.zeros(0, dtype=np.int64)
         self.hits = np.zeros(0, dtype=np.int64)
         self.conf_sum = np.zeros(0, dtype=np.float64)
@@ -168,10 +171,15 @@ class LivePlots(QWidget):
 
     def add_events(self, events: Iterable[Any]) -> None:
         for ev in events:
-            if ev.step == 0 or not ev.tokens and not ev.drafted:
-                continue  # the prefill makes one token and verifies nothing
+            # The steps and tokens per step are engine.metrics.RequestMetrics' own (the figure under the
+            # reply): the prefill and a cancel that ran no inference are not steps; a step counts the
+            # tokens it produced, an EOS or a stop-string cut included.
+            before = self.metrics.target_steps
+            self.metrics.record(ev)
+            if self.metrics.target_steps == before:
+                continue
             self.steps.append(ev.step)
-            self.tokens.append(len(ev.tokens))
+            self.tokens.append(ev.produced)
             t = ev.timings
             self.draft_ms.append(float(t.draft_step_ms))
             self.target_ms.append(float(t.target_ms))
@@ -310,7 +318,7 @@ class LivePlots(QWidget):
         if len(y):
             drafted = int(self.reached[0]) if len(self.reached) else 0
             self.summary.setText(
-                f"{len(y)} verification steps · {y.mean():.2f} tokens per step · "
+                f"{self.metrics.target_steps} verification steps · {self.metrics.tokens_per_step:.2f} tokens per step · "
                 f"draft {self.draft_ms.view().mean():.1f} ms, target {self.target_ms.view().mean():.1f} ms "
                 f"per step (mean)" + ("" if drafted else " · no draft: one token per step")
             )

@@ -10,7 +10,8 @@ from pathlib import Path
 from engine.bench.report import print_report, write_reports
 from engine.bench.runner import run_bench
 from engine.bench.spec import SCHEDULER_FIELDS, BenchSpec, Decoding
-from engine.console import progress_printer, resolve_models
+from engine.catalog import resolve_models
+from engine.console import progress_printer
 from engine.draft_policy import ALWAYS, POLICIES
 
 
@@ -58,11 +59,8 @@ def scheduler_options(args: argparse.Namespace) -> dict[str, int | None]:
 
 
 def spec_from_args(args: argparse.Namespace) -> BenchSpec:
-    chosen = [args.draft] if isinstance(args.draft, str) else list(args.draft or [])
-    target, default_draft = resolve_models(args.target, "none" if chosen else None)
-    drafts = [Path(d) for d in chosen if d.lower() != "none"]
-    if not chosen and default_draft is not None:
-        drafts.insert(0, default_draft)
+    # No --draft: a catalogue target's drafts, all of them, the best first.
+    target, drafts = resolve_models(args.target, args.draft or None)
     decodings: list[Decoding] = []
     if not args.no_greedy:
         decodings.append(Decoding(repetition_penalty=args.repetition_penalty))

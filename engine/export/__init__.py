@@ -1,1 +1,1 @@
-"""Torch-side tools: draft modules and export to OpenVINO (needs the `export` extra)."""
+"""Export to OpenVINO: the draft IRs of engine/drafts' torch drafts, their head IRs, and targets (the `export` extra)."""

@@ -16,59 +16,30 @@ The block's own K/V never enter the state, so a rejected draft needs no state ro
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import openvino as ov
 import torch
 from torch import nn
 
-from engine.errors import ModelFolderError
-from engine.export.dflash_v1 import DFLASH_V1_ARCH, DFlashV1Draft, load_checkpoint, read_config
+from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DFLASH_V2, VARIANT_DSPARK, detect_variant  # noqa: F401
+from engine.drafts.dflash_v1 import DFlashV1Draft, load_checkpoint, read_config
+from engine.export.ir import (  # noqa: F401  (DRAFT_XML, WEIGHT_FORMATS, state_name: the folder contract's names)
+    DRAFT_XML,
+    WEIGHT_FORMATS,
+    check_weight_format,
+    make_stateful,
+    present_output_name,
+    replace_dir,
+    save_ir,
+    state_name,
+    trace_inputs,
+)
 from engine.models.draft_vocab import VOCAB_FILE
-
-DRAFT_XML = "openvino_model.xml"
-WEIGHT_FORMATS = ("fp32", "fp16", "int8")
-VARIANT_DFLASH_V1 = "dflash_v1"
-
-VARIANT_DSPARK = "dspark"
-VARIANT_DFLASH_V2 = "dflash_v2"
-
-# architectures[0] -> variant for the DFlash-family drafts exported by their own modules
-# (engine/export/dspark.py, engine/export/dflash2.py; folder contract in docs/draft-contract.md).
-_OTHER_VARIANTS = {
-    "Qwen3DSparkModel": VARIANT_DSPARK,
-    "DFlash2DraftModel": VARIANT_DFLASH_V2,
-}
-
-
-def past_input_name(layer: int, kind: str) -> str:
-    return f"past_key_values.{layer}.{kind}"
-
-
-def present_output_name(layer: int, kind: str) -> str:
-    return f"present.{layer}.{kind}"
-
-
-def state_name(layer: int, kind: str) -> str:
-    """Variable id the make-stateful pass gives a layer's K or V (input name + output name)."""
-    return past_input_name(layer, kind) + present_output_name(layer, kind)
-
-
-def detect_variant(config: dict[str, Any]) -> str:
-    """Name the draft variant from config.json's architectures."""
-    archs = config.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch == DFLASH_V1_ARCH:
-        return VARIANT_DFLASH_V1
-    if arch in _OTHER_VARIANTS:
-        return _OTHER_VARIANTS[arch]
-    raise ModelFolderError(f"not a DFlash draft checkpoint: architectures={archs!r}")
 
 
 class _IRSignature(nn.Module):
@@ -92,32 +63,6 @@ class _IRSignature(nn.Module):
         return (h[:, 1:, :], *flat)
 
 
-def trace_inputs(model: DFlashV1Draft) -> tuple[list[torch.Tensor], list[tuple[ov.PartialShape, ov.Type]], list[str]]:
-    """Example inputs, dynamic shapes and names of the backbone contract's ports (for ov.convert_model)."""
-    c = model.cfg
-    n_ctx = len(c.target_layer_ids) * c.hidden_size
-    b, q, t, past = 1, max(c.block_size, 2), 3, 2
-    example = [
-        torch.randn(b, q, c.hidden_size),
-        torch.randn(b, t, n_ctx),
-        torch.arange(past, past + t + q, dtype=torch.int64)[None],
-        torch.ones(b, past + t + q, dtype=torch.int64),
-    ]
-    shapes: list[tuple[ov.PartialShape, ov.Type]] = [
-        (ov.PartialShape([-1, -1, c.hidden_size]), ov.Type.f32),
-        (ov.PartialShape([-1, -1, n_ctx]), ov.Type.f32),
-        (ov.PartialShape([-1, -1]), ov.Type.i64),
-        (ov.PartialShape([-1, -1]), ov.Type.i64),
-    ]
-    names = ["inputs_embeds", "hidden_states", "position_ids", "attention_mask"]
-    for i in range(c.num_hidden_layers):
-        for kind in ("key", "value"):
-            example.append(torch.randn(b, c.num_key_value_heads, past, c.head_dim))
-            shapes.append((ov.PartialShape([-1, c.num_key_value_heads, -1, c.head_dim]), ov.Type.f32))
-            names.append(past_input_name(i, kind))
-    return example, shapes, names
-
-
 def convert_draft(model: DFlashV1Draft) -> ov.Model:
     """Trace the torch draft into a stateless ov.Model with named past/present K/V ports."""
     c = model.cfg
@@ -134,43 +79,6 @@ def convert_draft(model: DFlashV1Draft) -> ov.Model:
     for port, name in zip(ov_model.outputs, out_names):
         port.get_tensor().set_names({name})
     return ov_model
-
-
-def make_stateful(ov_model: ov.Model, num_layers: int) -> None:
-    """Hide past/present K/V in variables, add beam_idx, and start each variable empty.
-
-    Same recipe optimum-intel applies to decoders: a Gather by beam_idx on every past input,
-    OpenVINO's MakeStateful pass, then a zero-length initial value whose batch comes from
-    inputs_embeds (so the first call needs no state input).
-    """
-    from openvino import opset13 as ops
-    from openvino._offline_transformations import apply_make_stateful_transformation
-
-    beam_idx = ops.parameter(ov.PartialShape([-1]), ov.Type.i32, name="beam_idx")
-    beam_idx.output(0).get_tensor().set_names({"beam_idx"})
-    ov_model.add_parameters([beam_idx])
-    pairs: dict[str, str] = {}
-    for i in range(num_layers):
-        for kind in ("key", "value"):
-            src = ov_model.input(past_input_name(i, kind))
-            readers = list(src.get_target_inputs())
-            gathered = ops.gather(src, beam_idx, ops.constant(np.int64(0)))
-            for r in readers:
-                r.replace_source_output(gathered.output(0))
-            pairs[past_input_name(i, kind)] = present_output_name(i, kind)
-    ov_model.validate_nodes_and_infer_types()
-    apply_make_stateful_transformation(ov_model, pairs)
-
-    embeds = ov_model.input("inputs_embeds")
-    batch = ops.gather(ops.shape_of(embeds, output_type="i64"), ops.constant(np.array([0], np.int64)), ops.constant(np.int64(0)))
-    for op in ov_model.get_ops():
-        if op.get_type_name() != "ReadValue":
-            continue
-        ps = op.get_output_partial_shape(0)  # [B, Hkv, S, d]
-        dims = [batch] + [ops.constant(np.array([ps[k].get_length() if ps[k].is_static else 0], np.int64)) for k in (1, 2, 3)]
-        init = ops.broadcast(ops.constant(np.float32(0.0)), ops.concat(dims, axis=0))
-        op.set_arguments([init])
-    ov_model.validate_nodes_and_infer_types()
 
 
 def add_rt_info(ov_model: ov.Model, config: dict[str, Any], variant: str) -> None:
@@ -194,14 +102,6 @@ def build_ir(model: DFlashV1Draft, config: dict[str, Any]) -> ov.Model:
     return ov_model
 
 
-def save_ir(ov_model: ov.Model, folder: Path, weight_format: str) -> None:
-    if weight_format == "int8":
-        import nncf
-
-        ov_model = nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    ov.save_model(ov_model, str(folder / DRAFT_XML), compress_to_fp16=(weight_format == "fp16"))
-
-
 def export_draft(input_dir: Path, output_dir: Path, weight_format: str = "fp32") -> Path:
     """Export a draft checkpoint folder to an IR folder; nothing appears at output_dir unless it all worked.
 
@@ -214,8 +114,7 @@ def export_draft(input_dir: Path, output_dir: Path, weight_format: str = "fp32")
 
 
 def _export_ir(input_dir: Path, output_dir: Path, weight_format: str) -> Path:
-    if weight_format not in WEIGHT_FORMATS:
-        raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    check_weight_format(weight_format)
     config = read_config(input_dir)
     variant = detect_variant(config)
     if variant == VARIANT_DSPARK:
@@ -237,25 +136,8 @@ def _export_ir(input_dir: Path, output_dir: Path, weight_format: str) -> Path:
         gen_cfg = input_dir / "generation_config.json"
         if gen_cfg.is_file():
             shutil.copy2(gen_cfg, tmp / gen_cfg.name)
-        _replace_dir(tmp, output_dir)
+        replace_dir(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output_dir
-
-
-def _replace_dir(new: Path, dest: Path) -> None:
-    """Move `new` to `dest`; an existing `dest` is swapped out first and removed after."""
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        dest.rename(old)
-    try:
-        new.rename(dest)
-    except BaseException:
-        if old is not None:
-            old.rename(dest)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

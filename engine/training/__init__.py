@@ -1,1 +1,1 @@
-"""Training drafts for a target from self-distilled data (torch; the `export` extra)."""
+"""`dflash-studio train-draft`: drafts trained for a target from its own answers (torch; the `export` extra)."""

@@ -1,4 +1,4 @@
-"""Batched greedy generation for Llama-architecture targets with a static KV cache (issue 8).
+"""Batched generation for Llama, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) targets with a static KV cache.
 
 HF `generate` with a growing DynamicCache ran ~8.5k new tokens/s on the H200 for SmolLM2-135M at
 batch 2,048: every step re-copies the whole cache (`torch.cat`) and expands the 3 KV heads to the 9
@@ -7,7 +7,7 @@ layer, bf16 by default), a decode step writes one slot and attends over the fill
 query heads grouped onto their KV head (no repeat), and finished rows are dropped from the batch
 (cache compaction) once enough of them have hit EOS, so the long tail of a batch runs on few rows.
 
-Same semantics as `gpu_job.generate_answers`: greedy, left padding (a pad key is never attended;
+Same semantics as HF `generate` (engine/training/data.py `generate_answers_hf`): greedy, left padding (a pad key is never attended;
 positions count from each row's first real token, like HF's `cumsum(attention_mask) - 1`), answers
 end at EOS (kept) or after `new_tokens`. In float32 it reproduces HF `generate` token for token
 (tests/test_training_fast_generate.py); in bf16 near-ties can fall the other way, which the job's
@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 
 
 class StaticLlama:
-    """The decoder weights of a HF Llama-architecture CausalLM, cast once to `dtype`."""
+    """The decoder weights of a HF Llama / Qwen2 / Qwen3 CausalLM, cast once to `dtype`."""
 
     def __init__(self, model: Any, dtype: torch.dtype = torch.bfloat16) -> None:
         cfg = model.config
@@ -41,13 +41,21 @@ class StaticLlama:
         self.norm = inner.norm.weight.detach().float()
         self.lm_head = model.lm_head.weight.detach().to(dtype)
         self.layers = []
+        self.qkv_bias: list[torch.Tensor | None] = []  # Qwen2: q/k/v biases
+        self.qk_norm: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # Qwen3: per-head RMSNorm of q and k
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0).detach().to(dtype)
             gu = torch.cat([m.gate_proj.weight, m.up_proj.weight], 0).detach().to(dtype)
-            for proj in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+            for proj in (a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
                 if getattr(proj, "bias", None) is not None:
-                    raise ValueError("static generation supports bias-free Llama projections only")
+                    raise ValueError("static generation supports biases on q/k/v only (Llama, Qwen2, Qwen3)")
+            biases = [getattr(x, "bias", None) for x in (a.q_proj, a.k_proj, a.v_proj)]
+            self.qkv_bias.append(torch.cat([b.detach() if b is not None else torch.zeros(x.out_features, device=x.weight.device)
+                                            for b, x in zip(biases, (a.q_proj, a.k_proj, a.v_proj))]).to(dtype)
+                                 if any(b is not None for b in biases) else None)
+            qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            self.qk_norm.append((qn.weight.detach().float(), kn.weight.detach().float()) if qn is not None else None)
             self.layers.append((layer.input_layernorm.weight.detach().float(), qkv, a.o_proj.weight.detach().to(dtype),
                                 layer.post_attention_layernorm.weight.detach().float(), gu,
                                 m.down_proj.weight.detach().to(dtype)))
@@ -84,8 +92,13 @@ class StaticLlama:
         for li, (w_in, qkv_w, o_w, w_post, gu_w, down_w) in enumerate(self.layers):
             h = self._rms(x, w_in)
             qkv = h @ qkv_w.T
-            qh = qkv[..., : nh * d].view(b, q, nh, d).transpose(1, 2)
-            kh = qkv[..., nh * d : (nh + nk) * d].view(b, q, nk, d).transpose(1, 2)
+            if self.qkv_bias[li] is not None:
+                qkv = qkv + self.qkv_bias[li]
+            qh = qkv[..., : nh * d].view(b, q, nh, d)
+            kh = qkv[..., nh * d : (nh + nk) * d].view(b, q, nk, d)
+            if self.qk_norm[li] is not None:
+                qh, kh = self._rms(qh, self.qk_norm[li][0]), self._rms(kh, self.qk_norm[li][1])
+            qh, kh = qh.transpose(1, 2), kh.transpose(1, 2)
             vh = qkv[..., (nh + nk) * d :].view(b, q, nk, d).transpose(1, 2)
             qh, kh = self._rope(qh, cos, sin), self._rope(kh, cos, sin)
             kc, vc = caches[li]
@@ -175,7 +188,7 @@ def generate_answers_static(target: Any, prompts: Sequence[Sequence[int]], new_t
                             eos_id: int, pad_id: int, deadline: float | None = None, log: Log = print, seed: int = 0,
                             dtype: torch.dtype = torch.bfloat16, temperature: float = 0.0,
                             top_p: float = 1.0) -> list[list[int] | None]:
-    """Drop-in for gpu_job.generate_answers (same batching, order and deadline rule) on StaticLlama.
+    """Like data.generate_answers_hf (same batching, order and deadline rule) on StaticLlama.
     temperature > 0 samples (nucleus top_p, seeded by `seed`) instead of the greedy default."""
     sm = StaticLlama(target, dtype)
     gen = None

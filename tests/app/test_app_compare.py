@@ -151,9 +151,12 @@ def test_draft_list_marks_drafts_that_do_not_fit(make_window, model_dirs, qtbot,
     mp.set_draft(str(bad))
     p = w.compare
     items = {p.draft_list.item(i).text(): p.draft_list.item(i) for i in range(p.draft_list.count())}
-    assert "✗ other-draft" in items and "✓ tiny-draft" in items
-    assert not (items["✗ other-draft"].flags() & Qt.ItemFlag.ItemIsEnabled)
-    assert "hidden size" in items["✗ other-draft"].toolTip()
+    no, yes = items["other-draft  (does not fit this target)"], items["tiny-draft  (fits)"]
+    assert not (no.flags() & Qt.ItemFlag.ItemIsEnabled)
+    assert "hidden size" in no.toolTip()
+    # No tick-like glyph beside a box: whether a draft runs is the box alone.
+    assert not any(ch in p.draft_list.item(i).text() for i in range(p.draft_list.count()) for ch in "✓✗")
+    assert yes.checkState() == Qt.CheckState.Unchecked
 
 
 def test_speedup_below_one_is_red():

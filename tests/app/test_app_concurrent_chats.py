@@ -355,6 +355,7 @@ def _real_window(make_window, qtbot, inst, target, draft):
     with qtbot.waitSignal(w.controller.loaded, timeout=120000):
         w.model_panel.load_button.click()
     w.gen_panel.system_prompt.setPlainText("")
+    w.gen_panel.greedy_radio.click()  # these compare with the engine's own greedy output
     return w
 
 

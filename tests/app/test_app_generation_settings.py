@@ -15,6 +15,8 @@ def _type_and_send(w, qtbot, text: str) -> None:
 def test_sampling_fields_follow_the_switch_and_reach_the_engine(make_window, qtbot):
     w = make_window()
     g = w.gen_panel
+    assert g.sample_radio.isChecked(), "the chat default is sampling (this target recommends nothing: the preset)"
+    g.greedy_radio.click()  # greedy is one click away
     assert g.greedy_radio.isChecked()
     for name in ("temperature", "top_k", "top_p", "min_p", "rng_seed"):
         assert not g._rows[name].isEnabled(), name  # greedy: the sampling fields are off
@@ -146,3 +148,54 @@ def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeyp
     w = make_window(draft=False)
     assert w.gen_panel.num_assistant.specialValueText() == "draft's default"
     assert not w.gen_panel.num_assistant.isEnabled()
+
+
+def test_chat_default_is_the_models_recommended_sampling_greedy_one_click_away(make_window, model_dirs, qtbot):
+    target, _draft = model_dirs
+    (target / "generation_config.json").write_text(
+        '{"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20}')
+    w = make_window()
+    g = w.gen_panel
+    assert g.sample_radio.isChecked() and g.temperature.value() == 0.6 and g.top_p.value() == 0.95
+    assert g.top_k.value() == 20
+    assert g.decoding_note.text() == "Recommended: T=0.6, top-p 0.95, top-k 20 (the model's generation_config.json)"
+    g.max_new_tokens.setValue(8)
+    with qtbot.waitSignal(w.controller.finished, timeout=10000):
+        _type_and_send(w, qtbot, "hello")
+    cfg = w.controller._worker._pipe.configs[-1]
+    assert cfg.do_sample and cfg.temperature == 0.6 and cfg.top_p == 0.95 and cfg.top_k == 20
+
+    g.greedy_radio.click()  # one click: greedy, and that choice is remembered
+    assert not g.config(with_draft=True).do_sample
+    assert g.decoding_note.text().endswith("; yours differs")
+    w.close()
+    w2 = make_window()  # loads the same target again: the person's greedy stays
+    assert w2.gen_panel.greedy_radio.isChecked()
+    w2.gen_panel.recommended_button.click()
+    assert w2.gen_panel.sample_radio.isChecked() and w2.gen_panel.temperature.value() == 0.6
+    assert "yours differs" not in w2.gen_panel.decoding_note.text()
+
+
+def test_the_session_panel_fits_1440x900_with_the_npu_notice(make_window, qtbot, qapp):
+    """The side panel's content fits its dock at the default 1440x900 (no horizontal clipping, no vertical
+    scrolling) with the NPU notice and the recommended-decoding note shown, in the app's own style."""
+    from pathlib import Path
+
+    qss = Path(__file__).resolve().parents[2] / "resources" / "style.qss"
+    qapp.setStyleSheet(qss.read_text(encoding="utf-8"))
+    try:
+        w = make_window(draft=False)
+        w.resize(1440, 900)
+        mp = w.model_panel
+        assert mp.set_device("NPU")
+        qtbot.wait(100)
+        assert mp.device_notice.isVisible() and w.gen_panel.decoding_note.isVisible()
+        scroll = w.side_dock.widget()
+        side = scroll.widget()
+        assert side.minimumSizeHint().width() <= scroll.viewport().width()
+        assert side.heightForWidth(scroll.viewport().width()) <= scroll.viewport().height()
+        assert not scroll.verticalScrollBar().isVisible() and not scroll.horizontalScrollBar().isVisible()
+        w.gen_panel.more_button.click()  # unfolded, the rest of the settings scroll into view
+        assert not w.gen_panel.more_box.isHidden()
+    finally:
+        qapp.setStyleSheet("")

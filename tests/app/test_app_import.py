@@ -138,7 +138,7 @@ def test_an_already_exported_folder_is_added_directly(dialogs, qtbot, tiny_qwen3
 def test_a_mismatched_draft_shows_its_reason(dialogs, qtbot, tmp_path, tiny_qwen3_hf, tiny_qwen3_target):
     import torch
 
-    from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
 
     tcfg = json.loads((tiny_qwen3_hf / "config.json").read_text())
     cfg = random_draft_config({**tcfg, "hidden_size": 32, "num_attention_heads": 2}, 1, 8, [1, 2], 3)

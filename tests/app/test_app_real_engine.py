@@ -25,6 +25,7 @@ def _real_window(make_window, qtbot, target, draft):
     assert w.model_panel.problems() == []
     with qtbot.waitSignal(w.controller.loaded, timeout=120000):
         w.model_panel.load_button.click()
+    w.gen_panel.greedy_radio.click()  # these compare with the engine's own greedy output
     return w
 
 

@@ -37,7 +37,7 @@ def smollm2_random_draft(tmp_path_factory: pytest.TempPathFactory, smollm2_targe
     """An untrained 1-layer DFlash draft of SmolLM2's dimensions (block 8): exercises shapes, not acceptance."""
     import torch
 
-    from engine.export.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
     from engine.export.draft import export_draft
 
     cfg = json.loads((smollm2_target / "config.json").read_text())

@@ -13,10 +13,10 @@ import pytest
 
 from engine.config import GenerationConfig
 from engine.pipeline import SpeculativePipeline
+from engine.prepare import shipped_drafts
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that checks whether a number is prime."]
-SHIPPED = sorted(p for p in (Path(__file__).resolve().parents[2] / "resources" / "drafts").glob("*")
-                 if (p / "config.json").is_file())
+SHIPPED = shipped_drafts()  # SmolLM2's (resources/drafts/smollm2-*), not other catalogue models
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_every_kind_is_exported(tiny_variant_drafts: dict[str, Path]) -> None:
 def test_trained_drafts_are_accepted(tiny_variant_drafts, tiny_qwen3_hf: Path, name: str, modes, floor: float) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.training.variant_train import simulate_variant_acceptance
+    from engine.training.evaluate import simulate_acceptance
     from fixtures.tiny_drafts import prompt_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen3_hf)
@@ -46,6 +46,6 @@ def test_trained_drafts_are_accepted(tiny_variant_drafts, tiny_qwen3_hf: Path, n
     taus = {}
     with single_thread():
         for mode in modes:
-            taus[mode] = simulate_variant_acceptance(target, draft, prompt_ids(tok)[:4], 40, mode).tokens_per_round
+            taus[mode] = simulate_acceptance(target, draft, prompt_ids(tok)[:4], 40, mode).tokens_per_round
     assert min(taus.values()) > 1.5, taus
     assert max(taus.values()) > floor, taus

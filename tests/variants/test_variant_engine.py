@@ -44,9 +44,9 @@ def _reference(draft_dir: Path, weights, anchor: int, context: np.ndarray, n: in
 
     torch_draft = load_torch_draft(draft_dir)
     if "dflash2" in draft_dir.name:
-        from engine.export.dflash2 import reference_walk
+        from engine.drafts.dflash2 import reference_walk
     else:
-        from engine.export.dspark import reference_walk
+        from engine.drafts.dspark import reference_walk
     embed, head = (torch.from_numpy(w) for w in weights)
     with torch.no_grad():
         out = reference_walk(torch_draft, embed, head, anchor, torch.from_numpy(context), n, mode, k or None)

@@ -1,0 +1,201 @@
+"""One client request on its way through the engine: admitted, fed step events, finished.
+
+Every method but `cancel` runs on the thread that owns the engine (engine/serve/loop.py or the
+app's worker). What the client must hear goes to `send`, a thread-safe callable that hands the
+message to the HTTP side (engine/serve/app.py), as one of the message classes below.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from engine.config import GenerationConfig
+from engine.events import StepEvent
+from engine.serve.errors import APIError, from_value_error
+from engine.serve.model import ServedModel
+from engine.serve.schemas import (FIELD_NAMES, ChatCompletionRequest, _Sampling, chat_messages, completion_prompt,
+                                  generation_config, requested_max_tokens, wants_logprobs)
+
+
+@dataclass
+class Started:
+    request_id: int
+    prompt_tokens: int
+
+
+@dataclass
+class Delta:
+    text: str
+    tokens: list[int]
+    logprobs: list[dict[str, Any]] | None  # per token: token, logprob, bytes (when asked for)
+
+
+@dataclass
+class Done:
+    finish_reason: str  # OpenAI's: stop | length (cancelled requests have nobody to tell)
+    usage: dict[str, int]
+    speculative: dict[str, Any]
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+class Tracker(Protocol):
+    """Who counts the requests (engine/serve/bridge.py): told on the engine thread."""
+
+    def job_started(self, job: "Job") -> None: ...
+
+    def job_stepped(self, job: "Job", events: list[StepEvent]) -> None: ...
+
+    def job_ended(self, job: "Job") -> None: ...
+
+
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
+_serial = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Job:
+    kind: str  # "chat" | "completion"
+    request: _Sampling
+    send: Callable[[object], None]
+    tracker: Tracker | None = None
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    serial: int = field(default_factory=lambda: next(_serial))
+    # set on the engine thread
+    state: str = "queued"  # queued | running | done | failed | cancelled
+    rid: int | None = None
+    model: ServedModel | None = None
+    config: GenerationConfig | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    finish_reason: str | None = None
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+    t_end: float | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+            self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    # -- any thread ------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask for the end (a client that went away); the engine thread acts on it before its next step."""
+        self._cancel.set()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def admit(self, engine: Any, model: ServedModel | None) -> int:
+        """Count the prompt, check it against the context, add it to the engine; APIError when refused."""
+        if model is None:
+            raise APIError(503, "No model is loaded: load a target in the app first.", "service_unavailable_error")
+        if self.request.model != model.id:
+            raise model_not_found(self.request.model, model.id)
+        req = self.request
+        if isinstance(req, ChatCompletionRequest):
+            ids, param = model.encode_chat(chat_messages(req)), "messages"
+        else:
+            ids, param = model.encode_text(completion_prompt(req)), "prompt"
+        budget = model.check_context(len(ids), requested_max_tokens(req), param)
+        config = generation_config(req, budget)
+        try:
+            rid = engine.add_request(ids, config)
+        except ValueError as exc:
+            raise from_value_error(exc, FIELD_NAMES) from exc
+        self.rid, self.model, self.config, self.prompt_tokens = rid, model, config, len(ids)
+        self.state = "running"
+        if self.tracker is not None:
+            self.tracker.job_started(self)
+        self.send(Started(rid, len(ids)))
+        return rid
+
+    def on_events(self, events: list[StepEvent]) -> None:
+        """This request's events of one step: text, tokens and (when asked) their log-probabilities."""
+        tokens: list[int] = []
+        logprobs: list[dict[str, Any]] | None = [] if wants_logprobs(self.request) else None
+        for ev in events:
+            tokens += ev.tokens
+            if ev.step > 0 and (ev.produced or ev.tokens):
+                self.steps += 1
+            if ev.window_drafted is not None:
+                self.drafted += len(ev.window_drafted)
+                self.accepted += ev.window_accepted
+            if logprobs is not None and ev.logprobs is not None:
+                logprobs += [self._logprob(t, lp) for t, lp in zip(ev.tokens, ev.logprobs)]
+        self.completion_tokens += len(tokens)
+        if tokens and self.t_first is None:
+            self.t_first = time.perf_counter()
+        if self.tracker is not None:
+            self.tracker.job_stepped(self, events)
+        text = "".join(ev.text for ev in events)
+        if text or tokens:
+            self.send(Delta(text, tokens, logprobs))
+
+    def on_finished(self, reason: str, metrics: Any) -> None:
+        self.finish_reason = _FINISH.get(reason, reason)
+        self.t_end = time.perf_counter()
+        self.state = "cancelled" if reason == "cancelled" else "done"
+        if self.tracker is not None:
+            self.tracker.job_ended(self)
+        if self.state == "done":
+            self.send(Done(self.finish_reason, self.usage(), speculative_stats(metrics, self)))
+        else:
+            self.send(Failed(APIError(499, "The request was cancelled.", "invalid_request_error", None, "cancelled")))
+
+    def on_failed(self, error: APIError) -> None:
+        self.t_end = time.perf_counter()
+        self.state = "failed"
+        self.finish_reason = "error"
+        if self.tracker is not None:
+            self.tracker.job_ended(self)
+        self.send(Failed(error))
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def _logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        m = self.model
+        text = m.token_text(token) if m else ""
+        return {"token": text, "logprob": float(logprob) if logprob > -1e30 else -9999.0,
+                "bytes": m.token_bytes(token) if m else list(text.encode()), "id": token}
+
+
+def model_not_found(asked: str, served: str) -> APIError:
+    return APIError(404, f"The model '{asked}' does not exist here: this server serves '{served}' "
+                         "(GET /v1/models lists it).", "invalid_request_error", "model", "model_not_found")
+
+
+def speculative_stats(metrics: Any, job: Job) -> dict[str, Any]:
+    """The per-response extra object (like llama-server's `timings`): what the draft did for this request."""
+    out: dict[str, Any] = {"draft": job.model.draft_name if job.model else None,
+                           "drafted": job.drafted, "accepted": job.accepted, "target_steps": job.steps}
+    if metrics is not None:
+        d = metrics.as_dict() if hasattr(metrics, "as_dict") else {}
+        out.update({k: d[k] for k in ("drafted", "accepted", "target_steps", "tokens_per_step", "acceptance_rate",
+                                      "acceptance_by_position", "ttft_ms", "tpot_ms", "decode_tok_s", "preemptions")
+                    if k in d})
+        if d.get("draft") is not None:
+            out["draft"] = d["draft"]
+    else:
+        out["acceptance_rate"] = round(job.accepted / job.drafted, 4) if job.drafted else 0.0
+    return out

@@ -1,0 +1,241 @@
+"""The training data of a draft: the target's answers and its tapped features, stored flat.
+
+Answers are the target's own greedy continuations (spec §1.6): generated in batches of similar
+length, left padded, by the static-cache generator (engine/training/fast_generate.py) or HF
+`generate`, and kept in an answers cache (JSONL.gz rows {id, kind, ids, answer}) so that a resumed
+or later run never answers a prompt twice. Features are one causal forward per batch of
+right-padded prompt+answer sequences, the tapped layers' outputs concatenated (bf16 on a GPU).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from engine.training.packing import tapped_hidden, target_weights
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class FlatData:
+    """Sequences (prompt + the target's answer) concatenated: row i is tokens[offsets[i]:offsets[i+1]]."""
+
+    tokens: torch.Tensor  # [T] int64
+    features: torch.Tensor  # [T, n*H] (bf16 on GPU, f32 on CPU)
+    offsets: torch.Tensor  # [N+1] int64
+    prompt_lens: torch.Tensor  # [N] int64
+    gen_lens: torch.Tensor  # [N] int64: answer tokens, EOS included when the target stopped
+    kinds: list[str]
+
+    @property
+    def n(self) -> int:
+        return int(self.prompt_lens.shape[0])
+
+    def rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded (tokens [b, L], features [b, L, n*H]) of rows `idx` (on the data's device)."""
+        dev = self.tokens.device
+        idx = idx.to(dev)
+        lens = (self.prompt_lens + self.gen_lens).to(dev)[idx]
+        width = int(lens.max())
+        pos = torch.arange(width, device=dev)
+        valid = pos[None, :] < lens[:, None]
+        gidx = (self.offsets.to(dev)[idx][:, None] + pos[None, :]).clamp(max=self.tokens.shape[0] - 1)
+        toks = torch.where(valid, self.tokens[gidx], torch.zeros((), dtype=torch.long, device=dev))
+        feats = self.features[gidx] * valid[..., None].to(self.features.dtype)
+        return toks, feats
+
+
+@torch.no_grad()
+def generate_answers_hf(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    batch_size: int,
+    eos_id: int,
+    pad_id: int,
+    deadline: float | None = None,
+    log: Log = print,
+    seed: int = 0,
+) -> list[list[int] | None]:
+    """The target's greedy answer to each prompt (EOS included, nothing after it); None for prompts
+    not reached before `deadline` (time.time()). Batches of similar length, left padded, in random
+    batch order so a cut-off run still covers every length."""
+    from transformers import GenerationConfig
+
+    dev = next(target.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    gc = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, eos_token_id=eos_id, pad_token_id=pad_id)
+    out: list[list[int] | None] = [None] * len(prompts)
+    t0 = time.time()
+    done = 0
+    for bi, chunk in enumerate(batches):
+        if deadline is not None and time.time() > deadline:
+            log(f"generation: time budget reached after {bi}/{len(batches)} batches ({done} answers)")
+            break
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, i in enumerate(chunk):
+            p = list(prompts[i])
+            ids[j, width - len(p) :] = torch.tensor(p)
+            mask[j, width - len(p) :] = 1
+        seq = target.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), generation_config=gc)
+        gen = seq[:, width:].cpu().tolist()
+        for j, i in enumerate(chunk):
+            row = gen[j]
+            if eos_id in row:
+                row = row[: row.index(eos_id) + 1]
+            out[i] = row
+        done += len(chunk)
+        log(f"generation: batch {bi + 1}/{len(batches)} ({len(chunk)} x prompt<={width}) done, "
+            f"{done} answers, {time.time() - t0:.1f}s")
+    return out
+
+
+@torch.no_grad()
+def build_flat_data(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    layer_ids: Sequence[int],
+    token_budget: int = 131072,
+    feat_dtype: torch.dtype = torch.float32,
+    log: Log = print,
+    check_positions: int = 100_000,
+) -> tuple[FlatData, dict[str, Any]]:
+    """Record the target's tapped hidden states for prompt+answer sequences (one causal forward per
+    batch, right padding: valid rows never see the padding). Also checks that the target's argmax
+    at each answer position reproduces the answer (teacher forcing vs generation agreement)."""
+    dev = next(target.parameters()).device
+    seqs = [list(p) + list(a) for p, a in zip(prompts, answers)]
+    lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    offsets = torch.zeros(len(seqs) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lens, 0)
+    total = int(offsets[-1])
+    n_h = len(layer_ids) * target.config.hidden_size
+    tokens = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
+    features = torch.empty(total, n_h, dtype=feat_dtype, device=dev)
+    _, lm_head = target_weights(target)
+    order = sorted(range(len(seqs)), key=lambda i: lens[i])
+    agree = checked = 0
+    i = 0
+    t0 = time.time()
+    while i < len(order):
+        width = int(lens[order[i]])
+        j = i
+        while j < len(order) and (j - i + 1) * int(lens[order[j]]) <= max(token_budget, int(lens[order[j]])):
+            j += 1
+        chunk = order[i:j]
+        width = int(lens[chunk[-1]])
+        x = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, k in enumerate(chunk):
+            x[r, : lens[k]] = torch.tensor(seqs[k])
+        x = x.to(dev)
+        out = target(input_ids=x, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        f = tapped_hidden(out.hidden_states, layer_ids)
+        last = out.hidden_states[-1]  # post-final-norm: logits = last @ lm_head.T
+        for r, k in enumerate(chunk):
+            n_k = int(lens[k])
+            features[offsets[k] : offsets[k] + n_k] = f[r, :n_k].to(feat_dtype)
+            p_k = len(prompts[k])
+            if n_k > p_k and checked < check_positions:  # positions p_k-1 .. n_k-2 predict answer tokens p_k .. n_k-1
+                pred = (last[r, p_k - 1 : n_k - 1] @ lm_head.T).argmax(-1)
+                agree += int((pred == x[r, p_k:n_k]).sum())
+                checked += n_k - p_k
+        del out, f, last
+        i = j
+    stats = {"sequences": len(seqs), "tokens": total, "feature_gib": total * n_h * features.element_size() / 2**30,
+             "teacher_forced_agreement": agree / max(1, checked), "seconds": round(time.time() - t0, 1)}
+    log(f"features: {total} tokens x {n_h} ({stats['feature_gib']:.2f} GiB {feat_dtype}), "
+        f"teacher-forced argmax = generated token on {100 * stats['teacher_forced_agreement']:.2f}% "
+        f"of answer positions, {stats['seconds']}s")
+    data = FlatData(tokens, features, offsets.to(dev), torch.tensor([len(p) for p in prompts]).to(dev),
+                    torch.tensor([len(a) for a in answers]).to(dev), list(kinds))
+    return data, stats
+
+
+def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], answers: dict[str, list[int]],
+                               gib: float, bytes_per_token: int, log: Log = print) -> list[Any]:
+    """The training rows (in order) whose features fit in `gib` GiB together with the held-out rows'."""
+    if not gib:
+        return list(train_rows)
+    room, kept = int(gib * 2**30 / bytes_per_token), []
+    room -= sum(len(r.ids) + len(answers[r.id]) for r in held)
+    for r in train_rows:
+        room -= len(r.ids) + len(answers[r.id])
+        if room < 0:
+            break
+        kept.append(r)
+    if len(kept) < len(train_rows):
+        log(f"features: {len(kept)} of {len(train_rows)} training rows fit in {gib} GiB")
+    return kept
+
+
+def generate_answers(target: Any, prompts: Sequence[Sequence[int]], new_tokens: int, batch_size: int, eos_id: int,
+                     pad_id: int, deadline: float | None = None, log: Log = print, seed: int = 0,
+                     static: bool = True, dtype: torch.dtype = torch.bfloat16, temperature: float = 0.0,
+                     top_p: float = 1.0) -> list[list[int] | None]:
+    """The static-cache generator (Llama / Qwen2 / Qwen3), or HF generate for greedy answers when
+    `static` is False; None for prompts not reached before `deadline`."""
+    if static:
+        from engine.training.fast_generate import generate_answers_static
+
+        return generate_answers_static(target, prompts, new_tokens, batch_size, eos_id, pad_id, deadline, log, seed,
+                                       dtype, temperature, top_p)
+    if temperature > 0:
+        raise ValueError("sampled generation needs the static generator")
+    return generate_answers_hf(target, prompts, new_tokens, batch_size, eos_id, pad_id, deadline, log, seed)
+
+
+@torch.no_grad()
+def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
+    """The target's exact greedy continuation of each prompt, `new_tokens` long, no EOS stop and no
+    padding (prompts of equal length run together): tiny test fixtures memorise these."""
+    out: list[list[int] | None] = [None] * len(prompts)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    for idx in by_len.values():
+        ids = torch.tensor([list(prompts[i]) for i in idx])
+        res = target(input_ids=ids, use_cache=True)
+        toks = [res.logits[:, -1:].argmax(-1)]
+        past = res.past_key_values
+        for _ in range(new_tokens - 1):
+            res = target(input_ids=toks[-1], past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            toks.append(res.logits[:, -1:].argmax(-1))
+        gen = torch.cat(toks, 1).tolist()
+        for j, i in enumerate(idx):
+            out[i] = gen[j]
+    return [list(a) for a in out]  # type: ignore[arg-type]
+
+
+def save_answers(path: Path, rows: Sequence[Any], answers: dict[str, list[int]]) -> None:
+    """The answers cache (rows with `id`, `kind`, `ids`), written atomically; unanswered rows are left out."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+        for r in rows:
+            if r.id in answers:
+                f.write(json.dumps({"id": r.id, "kind": r.kind, "ids": list(r.ids), "answer": answers[r.id]}) + "\n")
+    tmp.replace(path)
+
+
+def load_answers(path: Path) -> dict[str, dict[str, Any]]:
+    """id -> {id, kind, ids, answer} of an answers cache ({} when there is none)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {d["id"]: d for d in (json.loads(line) for line in f if line.strip())}

@@ -1,0 +1,302 @@
+"""`dflash-studio train-draft` end to end on the tiny targets (CPU), its resume, its data stage, its refusals."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from engine.cli import main as cli_main  # noqa: E402
+from fixtures.tiny_drafts import TRAIN_PROMPTS  # noqa: E402
+
+VARIANT_TARGET = {"dflash_v1": "llama", "dspark": "qwen2", "dflash_v2": "qwen3"}
+
+
+def _prompts_file(path: Path) -> Path:
+    """Chat prompts about the tiny tokenizer's own text (stdlib code), a chat log among them."""
+    lines = [{"prompt": p} for p in TRAIN_PROMPTS]
+    lines += [{"prompt": f"Explain this code:\n{p}x = {i}\n"} for i, p in enumerate(TRAIN_PROMPTS * 3)]
+    lines.append({"messages": [{"role": "user", "content": "def walk(tree):"},
+                               {"role": "assistant", "content": "for node in tree:"},
+                               {"role": "user", "content": "and then?"}]})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def _recipe(path: Path, variant: str, prompts: Path, steps: int = 60, **draft: object) -> Path:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in draft.items())
+    block = 6 if variant != "dflash_v1" else 5
+    path.write_text(f'''name = "tiny"
+variant = "{variant}"
+[draft]
+layers = 1
+block_size = {block}
+taps = [1, 2]
+max_mb = 1.0
+markov_rank = 8
+selector_top_k = 4
+conv_group_size = 16
+ship_dtype = "float32"
+{extra}
+[data]
+heldout = 4
+new_tokens = 40
+max_prompt_tokens = 200
+gen_batch = 16
+[train]
+steps = {steps}
+batch_size = 8
+num_anchors = 8
+lr = 3e-3
+head_lr_mult = 1.0
+warmup = 10
+save_every = 10
+log_every = 5
+eval_every = 20
+bf16 = false
+[eval]
+rows = 4
+candidates = [1, 3]
+during_rows = 2
+[[sources]]
+name = "mine"
+type = "file"
+path = "{prompts}"
+[[stages]]
+name = "only"
+sources = ["mine"]
+init = "fresh"
+''', encoding="utf-8")
+    return path
+
+
+def _run(capsys, *args: str) -> tuple[int, list[str], str]:
+    code = cli_main(["train-draft", *args])
+    out = capsys.readouterr()
+    return code, [x for x in out.out.splitlines() if x.strip()], out.err
+
+
+@pytest.fixture
+def single_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("variant", ["dflash_v1", "dspark", "dflash_v2"])
+def test_train_draft_end_to_end(variant: str, tmp_path: Path, capsys, request, single_thread) -> None:
+    from engine.config import GenerationConfig
+    from engine.pipeline import SpeculativePipeline
+
+    kind = VARIANT_TARGET[variant]
+    hf = request.getfixturevalue(f"tiny_{kind}_hf")
+    ir = request.getfixturevalue(f"tiny_{kind}_target")
+    recipe = _recipe(tmp_path / "r.toml", variant, _prompts_file(tmp_path / "p.jsonl"))
+    code, out, err = _run(capsys, "--target", str(hf), "--variant", variant, "--out", str(tmp_path / "run"),
+                          "--recipe", str(recipe), "--device", "cpu")
+    assert code == 0, err
+    assert "train-draft:" in err and "steps at most" in err  # what the run will take, before it starts
+    folder = Path(out[-1])
+    assert folder == tmp_path / "run" / "openvino" and (folder / "openvino_model.xml").is_file()
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    loss = record["loss"]
+    assert len(loss) >= 10 and sum(loss[-3:]) / 3 < 0.8 * sum(loss[:2]) / 2, loss
+    assert record["heldout_tau"] and all(t >= 1.0 for t in record["heldout_tau"].values())
+    assert record["stages"][0]["heldout_during"], "held-out τ is logged during training"
+    assert record["stages"][0]["data"]["train_rows"] > 0
+    assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
+    # the output loads in the engine and keeps greedy output the target's own (f32)
+    alone = SpeculativePipeline.load(ir, None, precision="f32")
+    spec = SpeculativePipeline.load(ir, folder, precision="f32")
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    for prompt in TRAIN_PROMPTS[:2]:
+        assert spec.generate(prompt, cfg, chat=True).token_ids == alone.generate(prompt, cfg, chat=True).token_ids
+
+
+def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: Path, capsys, monkeypatch,
+                                                single_thread) -> None:
+    import torch
+
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=40)
+    args = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / "run"), "--recipe",
+            str(recipe), "--device", "cpu", "--no-export"]
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def dying_step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 25:
+            raise KeyboardInterrupt  # as if the run were killed at step 26
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
+    code, _, _ = _run(capsys, *args)
+    assert code == 130
+    ckpt = torch.load(tmp_path / "run" / "work" / "stage-0.pt", weights_only=False)
+    assert ckpt["step"] == 20  # the last checkpoint (every 10 steps)
+    answers = (tmp_path / "run" / "work" / "answers.jsonl.gz").read_bytes()
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    code, _, err = _run(capsys, *args)
+    assert code == 2 and "--resume" in err  # an earlier run is never overwritten by accident
+    code, out, err = _run(capsys, *args, "--resume")
+    assert code == 0, err
+    assert "resumed from" in err and "at step 20" in err and "answers:" not in err  # nothing answered twice
+    assert (tmp_path / "run" / "work" / "answers.jsonl.gz").read_bytes() == answers
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    steps = [s for _, s in record["loss_steps"]]
+    assert steps[0] == 1 and steps[-1] == 40 and steps == sorted(steps)  # one run: the losses before the kill kept
+    assert Path(out[-1]) == tmp_path / "run" / "checkpoint"
+
+
+def _data_recipe(path: Path, seed: int) -> Path:
+    path.write_text(f'''variant = "dspark"
+[data]
+seed = {seed}
+[[sources]]
+name = "code"
+type = "stdlib_code"
+count = 25
+seed = {seed}
+[[sources]]
+name = "chat"
+type = "composed_chat"
+count = 25
+seed = {seed}
+''', encoding="utf-8")
+    return path
+
+
+def test_data_stage_is_deterministic_for_a_seed(tiny_qwen3_hf: Path, tmp_path: Path, capsys) -> None:
+    def prompts(name: str, seed: int) -> list[dict]:
+        code, _, err = _run(capsys, "--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / name),
+                            "--recipe", str(_data_recipe(tmp_path / f"{name}.toml", seed)), "--stop-after", "prompts",
+                            "--device", "cpu")
+        assert code == 0, err
+        with gzip.open(tmp_path / name / "work" / "prompts.jsonl.gz", "rt") as f:
+            return [json.loads(x) for x in f]
+
+    a, b, c = prompts("a", 3), prompts("b", 3), prompts("c", 4)
+    assert a == b and len(a) > 20
+    assert {r["kind"] for r in a} == {"code", "chat"}
+    assert [r["prompt"] for r in a] != [r["prompt"] for r in c]
+    bench = json.loads((tmp_path / "a" / "work" / "bench8.json").read_text())
+    assert bench["n"] == 8  # the benchmark 8-gram hashes travel with the run (empty where the packages are absent)
+
+
+def test_benchmark_prompts_are_dropped() -> None:
+    from engine.training import sources as S
+
+    bench = S.ngram_hashes("Write a persuasive essay to convince your friend to join you on a hiking trip this weekend")
+    assert S.overlaps("please write a persuasive essay to convince your friend to join you on a hike", bench)
+    assert not S.overlaps("Write a persuasive essay about volcanoes.", bench)
+    rows = [S.PromptRow("a", "code", "", "def has_close_elements(numbers): ..."), S.PromptRow("b", "code", "", "x")]
+    kept, dropped = S.drop_benchmark_overlap(rows, ["def has_close_elements("])
+    assert [r.id for r in kept] == ["b"] and dropped == 1
+
+
+def _refused(capsys, tmp_path: Path, target: Path, recipe: Path | None, variant: str = "dspark") -> str:
+    out = tmp_path / "refused"
+    args = ["--target", str(target), "--variant", variant, "--out", str(out), "--device", "cpu"]
+    code, _, err = _run(capsys, *args, *(["--recipe", str(recipe)] if recipe else []))
+    assert code == 2, err
+    assert not (out / "work" / "answers.jsonl.gz").exists() and not (out / "work" / "prompts.jsonl.gz").exists()
+    return err
+
+
+def test_bad_targets_are_refused_before_work(tiny_qwen3_hf: Path, tmp_path: Path, capsys) -> None:
+    prompts = _prompts_file(tmp_path / "p.jsonl")
+    recipe = _recipe(tmp_path / "r.toml", "dspark", prompts)
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tiny_qwen3_hf, no_template)
+    cfg = json.loads((no_template / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for extra in no_template.glob("chat_template.*"):
+        extra.unlink()
+    assert "no chat template" in _refused(capsys, tmp_path, no_template, recipe)
+    gpt2 = tmp_path / "gpt2"
+    shutil.copytree(tiny_qwen3_hf, gpt2)
+    c = json.loads((gpt2 / "config.json").read_text())
+    c["model_type"] = "gpt2"
+    (gpt2 / "config.json").write_text(json.dumps(c))
+    assert "model_type 'gpt2' is not supported" in _refused(capsys, tmp_path, gpt2, recipe)
+    deep = _recipe(tmp_path / "deep.toml", "dspark", prompts).read_text().replace("taps = [1, 2]", "taps = [1, 3]")
+    (tmp_path / "deep.toml").write_text(deep)
+    assert "taps [3] are out of range" in _refused(capsys, tmp_path, tiny_qwen3_hf, tmp_path / "deep.toml")
+    assert "no such file" in _refused(capsys, tmp_path, tmp_path / "missing", recipe)
+
+
+@pytest.mark.parametrize("edit,why", [
+    (("lr = 3e-3", "lr = \"fast\""), "lr must be a number"),
+    (("warmup = 10", "warmup = 10\nwarmpu = 3"), "unknown key(s) warmpu"),
+    (("sources = [\"mine\"]", "sources = [\"yours\"]"), "names unknown sources yours"),
+    (("type = \"file\"", "type = \"web\""), "type 'web' is not one of"),
+    (("variant = \"dspark\"", "variant = \"dflash_v2\""), "trains a dflash_v2 draft, not dspark"),
+    (("block_size = 6", "block_size = 1"), "block_size must be at least 2"),
+    (("steps = 60", "steps = 2.5"), "steps must be a whole number"),
+])
+def test_bad_recipes_are_refused_with_the_reason(edit, why, tiny_qwen3_hf: Path, tmp_path: Path, capsys) -> None:
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"))
+    text = recipe.read_text()
+    assert edit[0] in text
+    recipe.write_text(text.replace(edit[0], edit[1], 1))
+    assert why in _refused(capsys, tmp_path, tiny_qwen3_hf, recipe)
+
+
+def test_shipped_recipes_parse_and_fit_their_drafts() -> None:
+    from engine.training.recipe import RECIPES_DIR, load_recipe
+
+    drafts = Path(__file__).resolve().parents[2] / "resources" / "drafts"
+    for name in ("smollm2-dspark-b8", "smollm2-dflash-b8", "smollm2-dflash2-b8"):
+        r = load_recipe(RECIPES_DIR / f"{name}.toml")
+        cfg = json.loads((drafts / name / "config.json").read_text())
+        dc = cfg.get("dflash_config") or {}
+        assert r.draft.block_size == (cfg.get("block_size") or dc.get("block_size"))
+        assert list(r.draft.taps) == list(dc.get("target_layer_ids") or cfg.get("target_layer_ids"))
+        assert r.draft.layers == cfg["num_hidden_layers"]
+    ds = load_recipe(RECIPES_DIR / "smollm2-dspark-b8.toml")
+    assert [s.name for s in ds.stages] == [f"round-{i}" for i in range(2, 8)]
+    assert ds.stage_settings(ds.stage("round-7")).num_anchors == 120
+
+
+def test_cli_without_torch_says_so(monkeypatch, capsys, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    code = cli_main(["train-draft", "--target", "x", "--variant", "dspark", "--out", str(tmp_path)])
+    assert code == 2 and "needs torch" in capsys.readouterr().err
+
+
+def test_two_ranks_train_one_draft(tiny_qwen3_hf: Path, tmp_path: Path) -> None:
+    """train-draft as torchrun starts it (WORLD_SIZE 2, gloo on CPU): one run, identical weights on both ranks."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=20)
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "engine.cli", "train-draft", "--target", str(tiny_qwen3_hf), "--variant", "dspark",
+            "--out", str(out), "--recipe", str(recipe), "--device", "cpu", "--no-export"]
+    root = Path(__file__).resolve().parents[2]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+        procs.append(subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert results[0][0].strip().splitlines()[-1] == str(out / "checkpoint")
+    sha = [[x.split("weights sha256 ")[1] for x in (out / f).read_text().splitlines() if "weights sha256" in x]
+           for f in ("log.txt", "log.rank1.txt")]
+    assert sha[0] and sha[0] == sha[1]
+    record = json.loads((out / "training.json").read_text())
+    assert record["device"]["ranks"] == 2 and record["stages"][0]["steps"] == 20
