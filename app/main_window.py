@@ -39,6 +39,7 @@ from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, Gene
 from engine import paths
 from engine.devices import DeviceInfo
 from engine.generation_defaults import recommended_decoding
+from engine.models.properties import is_lossless, precision_label
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
@@ -396,6 +397,11 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         for d in (self.conv_dock, self.side_dock, self.plots_dock, self.server_dock):
             m.addAction(d.toggleViewAction())
+        m.addSeparator()
+        self.act_clear_cache = QAction("Clear prefix cache", self)  # its text shows the memory it holds
+        self.act_clear_cache.setToolTip("Forget the KV of earlier prompts that a next turn would reuse")
+        self.act_clear_cache.triggered.connect(self.controller.clear_prefix_cache)
+        m.addAction(self.act_clear_cache)
         m = self.menuBar().addMenu("&Help")
         where = str(self.log_path) if self.log_path else "not written (the data folder is not writable)"
         self.act_log_file = QAction(f"Log file: {where}", self)
@@ -427,6 +433,7 @@ class MainWindow(QMainWindow):
         c.events_ready.connect(self._on_events)
         c.finished.connect(self._on_finished)
         c.failed.connect(self._on_failed)
+        c.cache_cleared.connect(self._on_cache_cleared)
         c.busy_changed.connect(lambda _b: self._update_actions())
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.input.submit)
@@ -755,6 +762,8 @@ class MainWindow(QMainWindow):
         text += f"  ·  {info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
         if self.engine_label:
             text += f"  ·  {self.engine_label}"
+        text += "  ·  default precision" + (", lossless" if is_lossless(info.device, "default") else "")
+        self.device_label.setToolTip(precision_label(info.device, "default"))
         self.device_label.setText(text)
 
     def _on_load_failed(self, err: ErrorInfo) -> None:
@@ -966,6 +975,8 @@ class MainWindow(QMainWindow):
         if entry is None or self._closing:
             return
         conv, msg = entry
+        if (fin.stats or {}).get("prefix_cache_mb") is not None:
+            self.act_clear_cache.setText(f"Clear prefix cache ({fin.stats['prefix_cache_mb']:.1f} MB)")
         msg.stats = fin.stats or None
         msg.finish_reason = fin.reason
         msg.status = CANCELLED if (was_stopped or fin.reason == "cancelled") else DONE
@@ -979,6 +990,10 @@ class MainWindow(QMainWindow):
                 done = f"“{conv.title}”: " + done[0].lower() + done[1:]
             self.state_label.setText(done + (f" {n} repl{'y' if n == 1 else 'ies'} still streaming." if n else ""))
         self._update_actions()
+
+    def _on_cache_cleared(self, freed: int) -> None:
+        self.act_clear_cache.setText("Clear prefix cache (0.0 MB)")
+        self.state_label.setText(f"Prefix cache cleared ({freed / (1 << 20):.1f} MB).")
 
     def _forget_old_events(self) -> None:
         """Keep the events of the streaming replies and of the last MAX_KEPT_REPLIES finished ones."""

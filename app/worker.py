@@ -26,7 +26,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
-from engine.errors import DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+from engine.errors import ContextLengthError, DeviceError, DFlashError, DraftMismatchError, ModelFolderError
 from engine.metrics import RequestMetrics
 
 Loader = Callable[..., Any]
@@ -43,6 +43,8 @@ class ErrorInfo:
     @classmethod
     def from_exception(cls, exc: BaseException, doing: str) -> "ErrorInfo":
         details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, ContextLengthError):  # a refusal like a bad setting: the window gives the text back
+            return cls("Does not fit", f"{doing} failed: {exc}", details, "ValueError")
         if isinstance(exc, DFlashError):
             title = {
                 ModelFolderError: "Model folder problem",
@@ -103,6 +105,7 @@ class _Live:
     cancel_this_step: bool = False  # cancel sent before the step now running: its event is due
     done: bool = False
     reason: str = "unknown"
+    dropped_turns: int = 0  # oldest chat turns left out so the prompt fits the target's context
 
     @property
     def tag(self) -> str:
@@ -128,7 +131,9 @@ class FinishInfo:
 
 def default_loader(target_dir, draft_dir=None, device="CPU", **kw):
     from engine.pipeline import SpeculativePipeline  # the real engine, imported on the worker thread
+    from engine.scheduler import SchedulerConfig
 
+    kw.setdefault("scheduler", SchedulerConfig(prefix_caching=True))  # a chat's next turn reuses its history
     return SpeculativePipeline.load(target_dir, draft_dir, device=device, **kw)
 
 
@@ -148,9 +153,10 @@ def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -
             v = _num(getattr(metrics, key, None))
             if v is not None:
                 s[key] = v
-        steps = getattr(metrics, "target_steps", None)
-        if isinstance(steps, int):
-            s["target_steps"] = steps
+        for key in ("target_steps", "cached_tokens"):
+            v = getattr(metrics, key, None)
+            if isinstance(v, int):
+                s[key] = v
         abp = getattr(metrics, "acceptance_by_position", None)
         if abp:
             s["acceptance_by_position"] = [round(float(x), 4) for x in abp]
@@ -242,6 +248,7 @@ class EngineWorker(QObject):
     bench_progress = Signal(str, object)  # message, fraction done (or None while loading)
     bench_finished = Signal(object)  # engine.bench.runner.BenchResult (cancelled=True when cancelled)
     bench_failed = Signal(object)  # ErrorInfo
+    cache_cleared = Signal(object)  # bytes the prefix cache held
 
     def __init__(self, loader: Loader, flush_interval_s: float) -> None:
         super().__init__()
@@ -371,14 +378,17 @@ class EngineWorker(QObject):
             if rid is not None:
                 self._live[rid] = _Live(req, rid, tally)
             return
+        prompt, dropped = req.prompt, 0
         try:
-            rid = pipe.add_request(req.prompt, req.config, chat=req.chat)
+            if req.chat and isinstance(prompt, list) and hasattr(pipe, "fit_chat"):
+                prompt, dropped = pipe.fit_chat(prompt, req.config.max_new_tokens)  # the engine's context rule
+            rid = pipe.add_request(prompt, req.config, chat=req.chat)
         except BaseException as exc:  # noqa: BLE001 - a bad setting fails this request only
             err = ErrorInfo.from_exception(exc, "Starting the request")
             err.stage = "start"
             self.failed.emit(tag, err)
             return
-        self._live[rid] = _Live(req, rid, tally)
+        self._live[rid] = _Live(req, rid, tally, dropped_turns=dropped)
         self.started.emit(tag, rid)
 
     def _step_once(self) -> None:
@@ -458,8 +468,19 @@ class EngineWorker(QObject):
         stats = stats_from_metrics(metrics, lv.tally, self._info)
         stats.update(request_stats(lv.req.config, self._info))
         stats["finish_reason"] = lv.reason
+        if lv.dropped_turns:
+            stats["context_dropped_turns"] = lv.dropped_turns
+        cache = getattr(pipe, "prefix_cache_stats", lambda: None)()
+        if cache:
+            stats["prefix_cache_mb"] = cache["memory_bytes"] / (1 << 20)
         self._forget(pipe, lv.rid, lv.tag)
         self.finished.emit(lv.tag, FinishInfo(lv.rid, lv.reason, stats))
+
+    @Slot()
+    def do_clear_cache(self) -> None:
+        """Forget the prefix cache (running replies keep their blocks)."""
+        clear = getattr(self._pipe, "clear_prefix_cache", None)
+        self.cache_cleared.emit(clear() if clear is not None else 0)
 
     @Slot(object)
     def do_bench(self, job: BenchJob) -> None:
@@ -515,8 +536,10 @@ class EngineController(QObject):
     bench_progress = Signal(str, object)
     bench_finished = Signal(object)
     bench_failed = Signal(object)
+    cache_cleared = Signal(object)
 
     _load_req = Signal(object)
+    _clear_req = Signal()
     _wake = Signal()  # a generate request is in the worker's queue
     _bench_req = Signal(object)
 
@@ -529,6 +552,8 @@ class EngineController(QObject):
         self._load_req.connect(self._worker.do_load)
         self._wake.connect(self._worker.pump)
         self._bench_req.connect(self._worker.do_bench)
+        self._clear_req.connect(self._worker.do_clear_cache)
+        self._worker.cache_cleared.connect(self.cache_cleared)
         self._worker.bench_progress.connect(self.bench_progress)
         self._worker.bench_finished.connect(self._on_bench_finished)
         self._worker.bench_failed.connect(self._on_bench_failed)
@@ -619,6 +644,11 @@ class EngineController(QObject):
         if not was:
             self.busy_changed.emit(True)
         return True
+
+    def clear_prefix_cache(self) -> None:
+        """Ask the engine to forget its prefix cache (answered by cache_cleared)."""
+        if not self._closed:
+            self._clear_req.emit()
 
     def cancel_bench(self) -> None:
         """The runner stops before its next prompt / configuration (and a running request at its next step)."""

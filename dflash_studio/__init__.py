@@ -8,15 +8,17 @@ from __future__ import annotations
 import sys
 
 # The engine's subcommands (engine/cli.py build_parser); anything else opens the app.
-CLI_COMMANDS = frozenset({"generate", "bench", "export", "prepare", "draft-vocab", "train-draft", "devices", "serve"})
+CLI_COMMANDS = frozenset({"generate", "bench", "row-invariance", "export", "prepare", "draft-vocab", "train-draft",
+                          "devices", "serve"})
 GUI_COMMAND = "gui"
 
 
 def wants_gui(argv: list[str]) -> bool:
-    """No subcommand, `gui`, or the app's own options first (--target DIR ...; -h/--help list the subcommands)."""
+    """No subcommand, `gui`, or the app's own options first (--target DIR ...; -h/--help list the
+    subcommands, --version prints the version)."""
     if not argv or argv[0] == GUI_COMMAND:
         return True
-    return argv[0].startswith("-") and argv[0] not in ("-h", "--help")
+    return argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")
 
 
 def gui_args(argv: list[str]) -> list[str]:

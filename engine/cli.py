@@ -1,32 +1,89 @@
-"""The engine's command line: generate, bench, export, prepare, draft-vocab, devices.
+"""The engine's command line: generate, bench, row-invariance, export, prepare, draft-vocab,
+train-draft, serve, devices.
 
 `dflash-studio` (the launcher, dflash_studio/) opens the desktop app for no subcommand or `gui`,
 and runs this for everything else; engine/ itself never imports the app.
+
+Every expected failure (bad input, a bad or unreadable file, a folder that cannot be written) ends
+in `main`'s one error boundary: a short message that says what is wrong and what to do, exit code
+2; a traceback means a bug. stdout carries only a command's result (text, JSON, a path).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
-from engine.console import progress_printer
-from engine.errors import DFlashError
+from engine import __version__
+from engine.console import end_line, progress_printer, say
+from engine.errors import DFlashError, DraftMismatchError
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout meanwhile (libraries' tables and warnings, child processes) to
+    stderr, so that stdout carries only the result: sys.stdout for Python's prints, file descriptor 1
+    for what holds the old stream (a logging handler made at import) and for child processes."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all (a windowed app): nothing to protect
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _device_name(text: str) -> str:
+    """OpenVINO device names are upper case (CPU, GPU.1); `cpu` means CPU."""
+    return text.strip().upper()
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
     """(target, draft) for generate and serve: the catalogue's first draft when --draft is not given."""
     from engine.catalog import resolve_models
 
+    if not args.target:
+        _install_bundled_default()
     target, drafts = resolve_models(args.target, args.draft)
     return target, (drafts[0] if drafts else None)
+
+
+def _install_bundled_default() -> None:
+    """The installed app's first `generate` / `bench`: copy the bundled default model the way the app's
+    first start does, instead of stopping with "not prepared yet" (a source checkout has no bundle)."""
+    from engine.markers import is_prepared
+    from engine.paths import default_target_dir
+
+    target = default_target_dir()
+    if is_prepared(target, verify_checksums=False):  # sizes only: the catalogue's own check, cheap
+        return
+    from engine.bundled import has_bundled_default, install_default
+
+    if has_bundled_default():
+        say(f"First run: installing the bundled default model into {target.parent} (once).")
+        install_default(progress=progress_printer(), notice=say)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.api import load_engine
     from engine.config import GenerationConfig
+    from engine.models.tokenizer import check_text
+    from engine.scheduler import SchedulerConfig
 
-    target, draft = _resolve_models(args)
+    check_text(args.prompt)  # the prompt and the settings before loading anything
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         num_assistant_tokens=args.num_assistant_tokens, markov_head_top_k=args.markov_head_top_k,
@@ -35,7 +92,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
-    pipe = load_engine(target, draft, device=args.device, precision=args.precision)
+    target, draft = _resolve_models(args)
+    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on")
+    if args.cache_size_mb is not None:
+        scheduler.cache_size_mb = args.cache_size_mb
+    pipe = load_engine(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
 
     def stream(event) -> None:
         if not args.json:
@@ -56,14 +117,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    """Build the embedded default (source checkout) or install the bundled one (the installed app,
+    which has no torch to build with); stdout is the prepared folder's path and nothing else."""
     if args.model or args.remove or args.list or args.wheels or args.keep_intermediates:
         from engine.prepare_catalog import prepare_cli
 
         return prepare_cli(args, progress_printer(args.quiet))
-    from engine.prepare import prepare_default
+    progress = progress_printer(args.quiet)
+    with _stdout_to_stderr():
+        if getattr(sys, "frozen", False):
+            from engine.bundled import bundled_weight_format, install_default
 
-    path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress_printer(args.quiet))
-    print(path)
+            fmt = bundled_weight_format()
+            if fmt and args.weight_format != fmt:
+                raise DFlashError(f"The installed app carries the default model as {fmt} only; other weight formats "
+                                  "need `dflash-studio prepare` from a source checkout (docs/installer.md).")
+            path = install_default(force=args.force, progress=progress, notice=say)
+        else:
+            from engine.prepare import prepare_default
+
+            path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress,
+                                   notice=say)
+    print(path, flush=True)
     return 0
 
 
@@ -74,6 +149,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         return run_cli(args)
     if not args.input:
         raise ValueError(f"export --kind {args.kind} needs --input DIR (the Hugging Face folder).")
+    from engine.inspect_folder import inspect_hf_folder
+    from engine.paths import check_writable
+
+    info = inspect_hf_folder(Path(args.input))  # before minutes of conversion, not after
+    if not info.usable:
+        raise DFlashError(f"{args.input} cannot be exported: {info.reason or info.title}")
+    if info.model_kind != args.kind:
+        raise DFlashError(f"{args.input} holds a {info.model_kind} ({info.title}), not a {args.kind}: pass "
+                          f"--kind {info.model_kind}.")
+    check_writable(Path(args.output).absolute().parent, "The output's parent folder")
     show = progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
@@ -90,9 +175,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_draft_vocab(args: argparse.Namespace) -> int:
     """Write draft_vocabulary.json: the draft's lm_head then scores only the most frequent answer tokens."""
-    from engine.models.draft_vocab import count_answer_tokens, read_answer_rows, write_draft_vocabulary
+    from engine.models.draft_vocab import VOCAB_FILE, count_answer_tokens, read_answer_rows, write_draft_vocabulary
     from engine.models.tokenizer import TextTokenizer
 
+    from engine.models.files import check_folder, read_json_object
+    from engine.markers import record_user_file
+
+    draft = check_folder(Path(args.draft), "Draft folder", "give the draft folder (exported, or its checkpoint).")
+    vocab = args.vocab_size
+    if not vocab:
+        config = read_json_object(draft / "config.json", "pass --vocab-size, or give the draft folder.")
+        vocab = config.get("vocab_size")
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+            raise ValueError(f"{draft / 'config.json'} does not say vocab_size as a whole number: pass --vocab-size")
     rows: list[list[int]] = []
     for path in args.answers or []:
         rows += read_answer_rows(Path(path), args.field)
@@ -100,18 +195,23 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
         if not args.target:
             raise ValueError("--text needs --target: the target's tokenizer turns the text into token ids")
         tok = TextTokenizer(Path(args.target))
-        rows += [tok.encode(Path(t).read_text(encoding="utf-8"), add_special_tokens=False) for t in args.text]
+        for t in args.text:
+            try:
+                text = Path(t).read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{t} is not UTF-8 text (byte {exc.start}): give the answers as UTF-8 text.") from exc
+            rows.append(tok.encode(text, add_special_tokens=False))
     if not rows:
         raise ValueError("no answers: give --answers FILE.jsonl[.gz] (token-id rows) and/or --text FILE with --target")
-    vocab = args.vocab_size or json.loads((Path(args.draft) / "config.json").read_text()).get("vocab_size")
-    if not vocab:
-        raise ValueError("the draft's config.json does not say vocab_size: pass --vocab-size")
     held = rows[: args.heldout]
-    record = write_draft_vocabulary(Path(args.draft), count_answer_tokens(rows[args.heldout:], int(vocab)), args.size,
+    record = write_draft_vocabulary(draft, count_answer_tokens(rows[args.heldout:], vocab), args.size,
                                     source=", ".join(map(str, (args.answers or []) + (args.text or []))),
-                                    heldout=count_answer_tokens(held, int(vocab)) if held else None)
+                                    heldout=count_answer_tokens(held, vocab) if held else None)
+    kept = record_user_file(draft, VOCAB_FILE)
     print(f"{record['size']} ids, coverage {record['coverage']:.4f}"
           + (f", held-out coverage {record['heldout_coverage']:.4f}" if "heldout_coverage" in record else ""))
+    if kept:
+        say(f"{draft / VOCAB_FILE} is recorded as yours: `dflash-studio prepare` keeps it.")
     return 0
 
 
@@ -130,13 +230,35 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench.cli import run_cli
+    from engine.models.draft import check_draft_fits
+    from engine.paths import check_writable
 
+    if args.out:
+        check_writable(Path(args.out), "The --out folder")  # before the run, not after it
+    if not args.target:
+        _install_bundled_default()
+    chosen = [d for d in ([args.draft] if isinstance(args.draft, str) else args.draft or []) if d.lower() != "none"]
+    if chosen:
+        target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
+        for d in chosen:
+            reasons = check_draft_fits(target, Path(d))
+            if reasons:
+                raise DraftMismatchError(f"Draft {d} does not fit target {target.name}, so it cannot be benchmarked "
+                                         "against it:\n- " + "\n- ".join(reasons))
     return run_cli(args)
+
+
+def cmd_row_invariance(args: argparse.Namespace) -> int:
+    from engine.row_invariance import run_cli
+
+    target, _ = _resolve_models(argparse.Namespace(target=args.target, draft="none"))
+    return run_cli(args, target)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"dflash-studio {__version__}")
     sub = p.add_subparsers(dest="command")
 
     sub.add_parser("gui", help="open the desktop app (the default); takes --target, --draft, --device")
@@ -151,9 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             sp.add_argument("--draft", help="draft folder, or 'none' for the target alone (default: the best "
                                              "prepared draft)")
-        sp.add_argument("--device", default="CPU", help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
+        sp.add_argument("--device", default="CPU", type=_device_name,
+                        help="OpenVINO device: CPU, GPU, GPU.1 ... (NPU is refused)")
         sp.add_argument("--precision", choices=["default", "f32"], default="default",
-                        help="f32 pins exact inference (f32, f32 KV cache, no dynamic quantization)")
+                        help="default: f32 compute, int8 dynamic quantization, u8 KV cache (lossless on CPU: rows "
+                             "do not depend on their neighbours); f32: the f32 reference (f32 KV cache, no "
+                             "dynamic quantization; slower)")
 
     gen = sub.add_parser("generate", help="generate once and print the text (or --json)")
     model_args(gen)
@@ -175,7 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--presence-penalty", type=float, default=0.0)
     gen.add_argument("--frequency-penalty", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None, help="random seed (sampling)")
+    gen.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
+                     help="KV cache size (default 512 MB): raise it for a long prompt + --max-new-tokens")
     gen.add_argument("--json", action="store_true")
+    gen.add_argument("--prefix-caching", choices=["on", "off"], default="on",
+                     help="reuse the KV blocks of cached token prefixes (one request: nothing to reuse yet)")
     gen.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")
@@ -184,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("row-invariance", help="score the same target rows alone, in k-row windows, beside other "
+                                              "requests and after chunked prefills; print the largest logit differences")
+    from engine.row_invariance import add_args as add_row_invariance_args
+
+    add_row_invariance_args(r)
+    r.set_defaults(func=cmd_row_invariance)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
     e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,
@@ -233,8 +369,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def describe_error(exc: BaseException) -> str:
+    """The message for an expected failure: what is wrong, with the file it concerns, and what to do."""
+    if isinstance(exc, OSError) and not isinstance(exc, DFlashError) and exc.errno is not None:
+        where = f": {exc.filename}" if exc.filename else ""
+        if exc.filename2:
+            where += f" -> {exc.filename2}"
+        fix = {errno.ENOENT: "check the path.",
+               errno.EACCES: "you may not read or write there: fix its permissions or choose another path.",
+               errno.EPERM: "you may not read or write there: fix its permissions or choose another path.",
+               errno.EROFS: "the disk is read-only: choose a folder on a writable disk.",
+               errno.ENOSPC: "the disk is full: free some space and run it again.",
+               errno.ENOTDIR: "a file stands where a folder should be: choose another path.",
+               errno.EISDIR: "give a file, not a folder."}.get(exc.errno, "check the path and try again.")
+        return f"{exc.strerror or exc}{where}; {fix}"
+    return str(exc).strip() or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"dflash-studio {__version__}")
+        return 0
     parser = build_parser()
     if not argv or argv[0] == "gui":
         parser.error("the desktop app opens through the launcher: run `dflash-studio` (or `python -m dflash_studio`)")
@@ -243,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:
         return args.func(args)
-    except (DFlashError, ValueError) as exc:
-        print(f"dflash-studio: {exc}", file=sys.stderr)
+    except (DFlashError, ValueError, OSError) as exc:  # the one boundary: bad input and bad files, never bugs
+        end_line()
+        print(f"dflash-studio: {describe_error(exc)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -39,6 +39,9 @@ class GenerationConfig:
         """Raise ValueError naming the first bad field; return self so calls can chain."""
         _int_at_least("max_new_tokens", self.max_new_tokens, 1)
         _int_at_least("min_new_tokens", self.min_new_tokens, 0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens={self.min_new_tokens} is more than max_new_tokens={self.max_new_tokens}: "
+                             "a reply cannot be longer than its limit; lower min_new_tokens or raise max_new_tokens.")
         if self.num_beams != 1:
             raise ValueError(f"num_beams={self.num_beams}: beam search is not supported with speculative "
                              "decoding; use num_beams=1 (greedy or sampling).")

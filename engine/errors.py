@@ -15,3 +15,13 @@ class DraftMismatchError(DFlashError):
 
 class DeviceError(DFlashError):
     """The requested device cannot run this configuration (e.g. DFlash on NPU)."""
+
+
+class ContextLengthError(DFlashError, ValueError):
+    """A request does not fit the target's context (prompt + max_new_tokens) or its KV cache.
+
+    Also a ValueError: callers that refuse bad settings by catching ValueError refuse this too."""
+
+
+class OutputFolderError(DFlashError):
+    """A folder the command must write to cannot be written (permissions, read-only disk, a file in the way)."""

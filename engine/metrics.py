@@ -31,6 +31,7 @@ class RequestMetrics:
     windows: int = 0  # validation windows completed
     split_windows: int = 0  # of which validated over more than one step
     preemptions: int = 0  # times the KV cache ran out and this request was recomputed later
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (not computed again)
 
     def record(self, event: StepEvent) -> None:
         self.generated_tokens += len(event.tokens)
@@ -98,4 +99,5 @@ class RequestMetrics:
             "sampling_ms": round(mean(self.sampling_ms), 3),
             "target_ms": round(mean(self.target_ms), 3),
             "windows": self.windows, "split_windows": self.split_windows, "preemptions": self.preemptions,
+            "cached_tokens": self.cached_tokens,
         }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -50,3 +51,22 @@ def history_dir() -> Path:
     d = user_data_dir() / "history"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def check_writable(folder: Path | str, what: str = "The output folder") -> Path:
+    """Create `folder` if needed and prove that a file can be written in it, before long work is spent
+    on what goes there. Writing a probe file catches what permission bits do not (a read-only mount, an
+    immutable folder, a file where a folder should be, a full disk)."""
+    from engine.errors import OutputFolderError
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".dflash-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise OutputFolderError(f"{what} {folder} cannot be written ({reason}): choose a folder you can write "
+                                "to, or fix its permissions.") from exc
+    return folder

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import openvino as ov
 
 from engine.config import GenerationConfig
+from engine.context import check_fits_context, context_length, fit_chat
+from engine.conversation import extend_ids
 from engine.devices import NPU_NOTICE
-from engine.errors import DeviceError, DraftMismatchError
+from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.draft_policy import make_policy
@@ -27,9 +29,11 @@ from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
-from engine.models.properties import compile_properties
+from engine.models.files import openvino_reason
+from engine.models.properties import compile_properties, pads_single_rows
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.folders import read_target_folder
+from engine.prefix_cache import DraftPart, PrefixCache, chain_hashes
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
 from engine.stop_strings import StopStrings
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
@@ -38,6 +42,20 @@ from engine.sampling.processors import LogitsProcessor, needs_logits
 from engine.sampling.rejection import verify_window
 
 _KEEP_FINISHED = 256
+
+
+@dataclass
+class _Finished:
+    """What a finished request keeps: its results and metrics (its rows, proposals and logits go)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    cumulative_logprob: float | None
+    prompt_ids: list[int]  # with prompt_text: a chat's next turn reuses these ids (engine/conversation.py)
+    prompt_text: str | None
+    text_is_ids: bool | None = None  # its text decodes from its ids, checked once
 
 
 @dataclass
@@ -73,6 +91,12 @@ class _Request:
     rng: np.random.Generator | None = None  # the target's draws (verification, residuals, bonus)
     draft_rng: np.random.Generator | None = None  # the draft's own, independent stream
     cumulative_logprob: float = 0.0
+    prompt_text: str | None = None  # the rendering the prompt ids came from (a next turn extends it)
+    admitted: bool = False  # has run before (a preempted request is admitted again)
+    hashes: list[bytes] = field(default_factory=list)  # prefix keys of its full blocks (prompt + generated)
+    cached: int = 0  # leading blocks in the prefix cache (found there or put there)
+    staged: list[np.ndarray] = field(default_factory=list)  # target rows of the KV positions past those blocks
+    draft_kv_blocks: int = 0  # leading cached blocks whose draft part is the draft's KV
 
     @property
     def decoding(self) -> bool:
@@ -105,14 +129,17 @@ class SpeculativePipeline:
         self.draft = draft
         self.drafts = make_draft_batch(draft) if draft is not None else None
         self.precision = precision
-        self.scheduler = (scheduler or SchedulerConfig()).validate()
+        self.scheduler = replace(scheduler or SchedulerConfig()).validate()  # own copy: caching switches on it
         self.policy = make_policy(self.scheduler.draft_policy) if self.drafts is not None else None
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
-        self._finished: OrderedDict[int, _Request] = OrderedDict()
+        self._finished: OrderedDict[int, _Finished] = OrderedDict()
+        self.context_length = context_length(getattr(target, "config", None) or {})
         self._next_id = 0
         self._rotate = 0
         self.last_step = StepStats()
+        self.cache: PrefixCache | None = None
+        self.set_prefix_caching(self.scheduler.prefix_caching)
 
     @classmethod
     def load(cls, target_dir: Path | str, draft_dir: Path | str | None = None, device: str = "CPU",
@@ -121,6 +148,7 @@ class SpeculativePipeline:
         """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix."""
         core = core or ov.Core()
         target_dir = Path(target_dir)
+        device = device.strip().upper()  # OpenVINO's names are upper case; "cpu" means CPU
         scheduler = (scheduler or SchedulerConfig()).validate()
         if device.upper().startswith("NPU"):
             if draft_dir is not None:
@@ -143,11 +171,13 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb)
+                                 scheduler.cache_size_mb, pad_single_rows=pads_single_rows(device))
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
-            raise DeviceError(f"Could not compile the models on {device}: {str(exc).strip().splitlines()[-1]}. "
-                              "Try CPU, or a smaller model / weight format for this device.") from exc
+            fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
+                   "folders again" if device == "CPU" else "try CPU, or a smaller model / weight format for this device")
+            raise DeviceError(f"Could not compile the models on {device}: {openvino_reason(exc)}. "
+                              f"{fix[0].upper()}{fix[1:]}.") from exc
         return cls(target, TextTokenizer(target_dir), draft, precision, scheduler)
 
     # ---- properties the app shows -------------------------------------------------------------
@@ -182,19 +212,74 @@ class SpeculativePipeline:
                                  self.has_chat_template, blocks.num_blocks * blocks.block_size)
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        return self.tokenizer.encode_prompt(prompt, chat)
+        """Token ids for a prompt: text (chat template when the model has one), messages, or ids. A prompt
+        that continues a finished request's conversation reuses the ids that request saw and generated
+        (engine/conversation.py), so the prefix cache finds them."""
+        return self._encode(prompt, chat)[0]
+
+    def _encode(self, prompt: Prompt, chat: bool | None) -> tuple[list[int], str | None]:
+        """(ids, the rendered text they stand for, None for ids given as such); the tokenizer's rules
+        (TextTokenizer.prompt_text), with a finished request's ids reused for the text they cover."""
+        rendered = self.tokenizer.prompt_text(prompt, chat)
+        if rendered is None:
+            return [int(t) for t in prompt], None
+        text, special = rendered
+        return self._text_ids(text, special), text
+
+    def _text_ids(self, text: str, special: bool) -> list[int]:
+        known = ((r.prompt_text + r.text, r.prompt_ids + r.token_ids) for r in reversed(self._finished.values())
+                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.text)
+                 and self._text_is_ids(r))
+        ids = extend_ids(text, known, lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
+        return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=special)
+
+    def _text_is_ids(self, req: _Finished) -> bool:
+        """Whether a finished reply's text is exactly its generated ids decoded (not when a stop string cut
+        the text, nor when the reply ended inside a character), checked once."""
+        if req.text_is_ids is None:
+            req.text_is_ids = req.finish_reason != "stop" and self.tokenizer.decode(req.token_ids) == req.text
+        return req.text_is_ids
+
+    def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
+        """The chat messages that fit the target's context with max_new_tokens to spare, and how many of
+        the oldest turns were left out (engine/context.py)."""
+        return fit_chat(messages, lambda m: len(self.encode_prompt(m)), self.context_length, max_new_tokens)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int, candidates: int | None = None) -> None:
+        """ContextLengthError when a request of this size cannot run: the target's context, then the KV cache
+        (`candidates` per window: the draft's default when None)."""
+        check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
+        blocks = self.target.blocks
+        extra = (self.default_num_candidates if candidates is None else candidates) + 1  # the last window's rows
+        need = blocks.blocks_for(prompt_tokens + max_new_tokens + extra)
+        if need <= blocks.num_blocks:
+            return
+        held = blocks.num_blocks * blocks.block_size
+        per_block = getattr(self.target, "bytes_per_block", 0)
+        if self.scheduler.num_kv_blocks is not None:  # the size was given in blocks: say it in blocks
+            bigger = f"num_kv_blocks={need} (bench --num-kv-blocks; SchedulerConfig.num_kv_blocks from Python)"
+        elif per_block:
+            bigger = f"--cache-size-mb {-(-need * per_block // (1 << 20))} (SchedulerConfig.cache_size_mb from Python)"
+        else:
+            bigger = "a bigger SchedulerConfig.cache_size_mb"
+        raise ContextLengthError(
+            f"This request needs {prompt_tokens + max_new_tokens + extra:,} tokens of KV cache ({prompt_tokens:,} "
+            f"prompt + {max_new_tokens:,} new + {extra} for the last step's window), but the KV cache holds "
+            f"{held:,} tokens: lower max_new_tokens to {max(1, held - prompt_tokens - extra):,} or less, shorten "
+            f"the prompt, or give a bigger cache: {bigger}.")
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
-        ids = self.encode_prompt(prompt, chat)
+        ids, text = self._encode(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
         n, top_k = self._draft_settings(config)
+        self.check_fits(len(ids), config.max_new_tokens, n)
         rid = self._next_id
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
-                       time.perf_counter())
+                       time.perf_counter(), prompt_text=text)
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -203,13 +288,6 @@ class SpeculativePipeline:
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
         req.feed = list(ids)
         req.stops = StopStrings(config.stop_strings, config.include_stop_str_in_output)
-        blocks = self.target.blocks
-        need = blocks.blocks_for(len(ids) + config.max_new_tokens + n + 1)
-        if need > blocks.num_blocks:
-            raise ValueError(
-                f"This request needs up to {need} KV blocks ({len(ids)} prompt + {config.max_new_tokens} new tokens), "
-                f"but the cache has {blocks.num_blocks} of {blocks.block_size} tokens: raise num_kv_blocks / "
-                "cache_size_mb, or shorten the prompt or max_new_tokens.")
         self._waiting.append(req)
         return rid
 
@@ -254,15 +332,42 @@ class SpeculativePipeline:
         return req.metrics
 
     def result(self, request_id: int) -> GenerationResult:
-        req = self._finished[request_id]
-        return GenerationResult(req.detok.text, list(req.generated), req.finish_reason or "", req.metrics,
-                                req.cumulative_logprob if req.processor is not None else None)
+        done = self._finished[request_id]
+        return GenerationResult(done.text, list(done.token_ids), done.finish_reason, done.metrics,
+                                done.cumulative_logprob)
 
     def kv_stats(self) -> dict[str, int]:
-        """The KV cache's size and use, in blocks."""
+        """The KV cache's size and use, in blocks (free: blocks a request can take, cached idle ones included)."""
         blocks = self.target.blocks
         return {"block_size": blocks.block_size, "total_blocks": blocks.num_blocks,
-                "free_blocks": blocks.free_blocks, "used_blocks": blocks.num_blocks - blocks.free_blocks}
+                "free_blocks": blocks.free_blocks, "used_blocks": blocks.num_blocks - blocks.free_blocks,
+                "cached_blocks": self.cache.cached_blocks if self.cache is not None else 0}
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.cache is not None
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """Turn prefix caching on or off between requests (off forgets what was cached)."""
+        if on == (self.cache is not None):
+            return
+        if self.has_unfinished():
+            raise RuntimeError("Prefix caching is switched between requests: wait until they have finished.")
+        if on:
+            self.cache = PrefixCache(self.target.blocks, self.target.bytes_per_block,
+                                     self.scheduler.prefix_cache_mb << 20, with_draft=self.drafts is not None)
+        else:
+            self.cache.clear()
+            self.cache = self.target.blocks.cache = None
+        self.scheduler.prefix_caching = on
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's blocks, memory (target KV + draft parts, bytes) and hits; None when it is off."""
+        return self.cache.stats() if self.cache is not None else None
+
+    def clear_prefix_cache(self) -> int:
+        """Forget every cached prefix (running requests keep their blocks); returns the bytes it held."""
+        return self.cache.clear() if self.cache is not None else 0
 
     # ---- the step loop ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
@@ -273,7 +378,7 @@ class SpeculativePipeline:
                                             finish_reason="cancelled"))
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
-            self._running.append(self._waiting.popleft())
+            self._admit(self._waiting.popleft(), stats)
         if self.policy is not None:
             self._cap_candidates()
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
@@ -314,6 +419,7 @@ class SpeculativePipeline:
             else:
                 stats.prefill_tokens += rows
                 event = self._prefill(req, rows, out.next_ids[i], out.logits[i], out.hidden[i], own)
+            self._cache_full_blocks(req)
             if event is not None:
                 event.timings.total_ms = (time.perf_counter() - t0) * 1e3
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
@@ -350,6 +456,66 @@ class SpeculativePipeline:
                 kept[req.id] = (req, rows)
         return [p for p in plan if p[0].id in kept]
 
+    def _admit(self, req: _Request, stats: StepStats) -> None:
+        """Start running `req`: with prefix caching, its longest cached prefix of full blocks becomes its own
+        KV (shared) and only the rest is computed; the draft gets what it needs to resume there."""
+        first = not req.admitted
+        req.admitted = True
+        self._running.append(req)
+        req.cached, req.staged, req.draft_kv_blocks = 0, [], 0
+        if self.cache is None:
+            return
+        bs = self.target.blocks.block_size
+        usable = (len(req.feed) - 1) // bs  # the last fed token is always computed: its row gives the next token
+        hashes = chain_hashes(req.prompt_ids + req.generated, bs, req.hashes)[:usable]
+        hit = self.cache.lookup(hashes)
+        if not hit.blocks:
+            return
+        self.target.blocks.adopt(req.id, hit.blocks)
+        req.fed = req.kv_len = hit.num_blocks * bs
+        req.cached = hit.num_blocks
+        req.draft_kv_blocks = hit.kv_blocks
+        if hit.draft_kv is not None:
+            self.drafts.preload(req.id, hit.draft_kv)
+        if hit.draft_hidden is not None:
+            req.context = [hit.draft_hidden]
+        if first:
+            req.metrics.cached_tokens = req.kv_len
+        stats.cached_tokens += req.kv_len
+
+    def _cache_full_blocks(self, req: _Request) -> None:
+        """Put the request's newly filled blocks into the prefix cache, each with its target rows for the
+        draft (replaced by the draft's own KV once the draft has taken them in: `_keep_draft_kv`)."""
+        if self.cache is None:
+            return
+        bs = self.target.blocks.block_size
+        tokens = req.prompt_ids + req.generated
+        full = min(req.kv_len, len(tokens)) // bs  # past the committed tokens the KV may hold stopped rows
+        if full <= req.cached:
+            return
+        hashes = chain_hashes(tokens, bs, req.hashes)
+        owned = self.target.blocks.blocks(req.id)
+        rows = np.concatenate(req.staged) if req.staged else None
+        for j in range(req.cached, full):
+            part = None
+            if self.drafts is not None:
+                at = (j - req.cached) * bs
+                part = DraftPart(hidden=rows[at: at + bs].copy())
+            self.cache.insert(hashes[j], owned[j], part)
+        used = (full - req.cached) * bs
+        req.staged = [rows[used:]] if rows is not None and used < rows.shape[0] else []
+        req.cached = full
+
+    def _keep_draft_kv(self, req: _Request) -> None:
+        """The draft has taken in the rows of the request's cached blocks: keep its KV in their place."""
+        bs = self.target.blocks.block_size
+        upto = min(self.drafts.lengths.get(req.id, 0) // bs, req.cached)
+        for j in range(req.draft_kv_blocks, upto):
+            part = self.cache.draft_part(req.hashes[j])
+            if part is not None and part.kv is None:
+                self.cache.set_draft_kv(req.hashes[j], self.drafts.export(req.id, j * bs, (j + 1) * bs))
+        req.draft_kv_blocks = max(req.draft_kv_blocks, upto)
+
     def _preempt(self, req: _Request, stats: StepStats) -> None:
         """Free the request's KV (and draft rows); it is recomputed from its tokens when it runs again.
         A window under validation is kept, so the output does not change."""
@@ -359,7 +525,7 @@ class SpeculativePipeline:
         req.resume = bool(req.generated)
         req.feed = req.prompt_ids + req.generated[:-1] if req.generated else list(req.prompt_ids)
         req.fed = req.kv_len = 0
-        req.context = []
+        req.context, req.staged, req.cached = [], [], 0
         req.metrics.preemptions += 1
         stats.preempted.append(req.id)
         self._running.remove(req)
@@ -394,6 +560,8 @@ class SpeculativePipeline:
         for req, d in zip(owners, got):
             req.window = [req.anchor] + d.tokens
             req.proposals, req.confidence = d.proposals, d.confidence
+            if self.cache is not None and hasattr(self.drafts, "export"):
+                self._keep_draft_kv(req)
         stats.draft_batch = len(jobs)
         return {r.id for r in owners}
 
@@ -404,6 +572,8 @@ class SpeculativePipeline:
         req.kv_len += rows
         if hidden is not None:
             req.context.append(hidden.copy())
+            if self.cache is not None:
+                req.staged.append(req.context[-1])
         if not req.decoding:
             return None
         if req.resume:
@@ -442,6 +612,8 @@ class SpeculativePipeline:
         self.target.blocks.shrink(req.id, req.kv_len)
         if hidden is not None:
             req.context.append(hidden[:kept_rows].copy())
+            if self.cache is not None:
+                req.staged.append(req.context[-1])
         req.window_pos += rows
         req.window_accepted += acc
         req.window_steps += 1
@@ -515,7 +687,9 @@ class SpeculativePipeline:
             self._running.remove(req)
         else:
             self._waiting.remove(req)
-        self._finished[req.id] = req
+        self._finished[req.id] = _Finished(req.detok.text, req.generated, req.finish_reason or "", req.metrics,
+                                           req.cumulative_logprob if req.processor is not None else None,
+                                           req.prompt_ids, req.prompt_text)
         while len(self._finished) > _KEEP_FINISHED:
             self._finished.popitem(last=False)
         return event

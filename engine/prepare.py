@@ -7,28 +7,28 @@ the GGUF's own vocabulary and merges rather than through transformers' GGUF conv
 5.5.4 yields a CodeLlama tokenizer that prepends BOS, adds three tokens beyond the embedding
 table and a byte-fallback decoder; the result is checked against an independent BPE pass.
 
-A folder is used only when its completion marker (written last) lists files that all still
-match; anything else is treated as partial and rebuilt. torch/transformers/gguf are imported
-inside functions so `is_prepared` stays cheap for the CLI and the app.
+A folder is used only when its completion marker (written last, engine/markers.py) lists files
+that all still match; anything else is treated as partial and rebuilt, after what a person changed
+in it is set aside. torch/transformers/gguf are imported inside functions so `is_prepared` stays
+cheap for the CLI and the app.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
-import json
 import logging
-import os
 import re
 import shutil
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import ModelFolderError
-from engine.export.target import package_versions, swap_into_place
+from engine.export.target import swap_into_place
+from engine.markers import (BUILDER, BUILDER_VERSION, USER_FILES, Notice, aside_path, folder_changes, is_prepared,
+                            read_marker, set_aside_user_work, sha256_file, write_marker)
+from engine.models.draft_vocab import VOCAB_FILE
 from engine.paths import default_target_dir, models_dir
 
 if TYPE_CHECKING:
@@ -42,11 +42,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_SIZE = 98_362_432
 HF_DIR_NAME = "SmolLM2-135M-Instruct-hf"
-
-MARKER = ".dflash-complete.json"
-BUILDER = "engine.prepare/smollm2"
-# Bump when the produced folders change in a way old ones should be rebuilt for.
-BUILDER_VERSION = 1
 
 # Token ids checked against an independent BPE pass over the GGUF's merges; the first one is
 # also pinned, so a tokenizer change between library versions is caught.
@@ -62,7 +57,6 @@ SANITY_ANSWER = "Paris"
 EXACT_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
 Progress = Callable[[str, float], None]
-_VERSIONED = ("openvino", "openvino-tokenizers", "optimum-intel", "transformers", "torch", "gguf", "tokenizers")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -73,34 +67,31 @@ def default_hf_dir() -> Path:
     return models_dir() / HF_DIR_NAME
 
 
-def is_prepared(path: Path | str, *, verify_checksums: bool = True) -> bool:
-    """True only if `path` has a valid completion marker and every listed file still matches.
-
-    With verify_checksums=False only sizes are compared (fast; for frequent polling).
-    """
-    return _marker_problem(Path(path), verify_checksums=verify_checksums) is None
-
-
 def prepare_default(
     force: bool = False,
     weight_format: str = "int8",
     progress: Progress | None = None,
+    notice: Notice | None = None,
 ) -> Path:
     """Build (or reuse) SmolLM2-135M-Instruct in default_target_dir() and return that folder.
 
     Skips work whose marker is valid (HF folder and IR separately); `force` rebuilds both.
-    A folder with a different weight_format is rebuilt in the requested one.
+    A folder with a different weight_format is rebuilt in the requested one. A folder that holds
+    files a person changed or added is moved aside before it is rebuilt (`notice` says where).
     """
     from engine.export.target import WEIGHT_FORMATS
+    from engine.paths import check_writable
 
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: use one of {', '.join(WEIGHT_FORMATS)}.")
     say = progress or (lambda _m, _f: None)
+    tell = notice or log.warning
     target, hf_dir = default_target_dir(), default_hf_dir()
+    check_writable(target.parent, "The models folder")  # before minutes of work, not after
     _clean_stale_staging(target.parent)
 
-    if not force and is_prepared(target) and _read_marker(target).get("weight_format") == weight_format:
-        prepare_drafts(target, force=False, progress=say)
+    if not force and is_prepared(target) and read_marker(target).get("weight_format") == weight_format:
+        prepare_drafts(target, force=False, progress=say, notice=tell)
         say(f"Already prepared: {target}", 1.0)
         return target
 
@@ -110,6 +101,7 @@ def prepare_default(
     verify_gguf(gguf_path)
 
     if force or not is_prepared(hf_dir):
+        set_aside_user_work(hf_dir, tell)
         build_hf_folder(gguf_path, hf_dir, progress=lambda m, f: say(m, 0.02 + 0.38 * f))
     else:
         say(f"Reusing the Hugging Face folder {hf_dir}", 0.40)
@@ -117,8 +109,9 @@ def prepare_default(
     from engine.export.target import export_target
 
     say(f"Exporting to OpenVINO ({weight_format})", 0.40)
-    # A stale marker must not vouch for the new files while they are being replaced.
-    (target / MARKER).unlink(missing_ok=True)
+    # The export replaces the whole folder at its end (its marker goes with it), so an export that
+    # fails leaves the previous build as it was; what a person changed in it is moved aside first.
+    set_aside_user_work(target, tell)
     # export_target reports 4 stages; the conversion (first) takes most of the time.
     stage_fractions = iter((0.42, 0.70, 0.78, 0.84))
     export_target(hf_dir, target, weight_format=weight_format, progress=lambda m: say(m, next(stage_fractions, 0.84)))
@@ -136,7 +129,7 @@ def prepare_default(
 
     write_marker(target, extra={"weight_format": weight_format, "source": _source_info(gguf_path),
                                 "sanity_answer": answer, "seconds": round(time.perf_counter() - started, 1)})
-    prepare_drafts(target, force=force, progress=say)
+    prepare_drafts(target, force=force, progress=say, notice=tell)
     say(f"Prepared {target}", 1.0)
     return target
 
@@ -166,44 +159,73 @@ def default_draft_name(prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT"
 
 
 def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None, *,
-                   prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT", best_file: str = "best.txt") -> list[Path]:
+                   prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT", best_file: str = "best.txt",
+                   notice: Notice | None = None) -> list[Path]:
     """Export the target's shipped drafts (resources/drafts/<prefix>*) into default_drafts_dir(); mark the best.
 
     A draft folder is reused while its marker is valid and names the same source checkpoint; the
     default draft (`best_file`) is the one resources/drafts/<default_file> names, else the first
     shipped. Each export is checked against the target (check_draft_fits) before it is marked.
+    What a person made in a draft folder is never deleted: a draft_vocabulary.json of theirs
+    (USER_FILES, from `dflash-studio draft-vocab`) is kept, across re-exports too; any other change
+    moves the folder aside before the re-export (`notice` says where).
     """
     from engine.export.draft import export_draft
     from engine.models.draft import check_draft_fits
-    from engine.models.draft_vocab import VOCAB_FILE
     from engine.paths import default_drafts_dir
 
     say = progress or (lambda _m, _f: None)
+    tell = notice or log.warning
     out: list[Path] = []
     for src in shipped_drafts(prefix):
         dest = default_drafts_dir() / src.name
-        source = ":".join(_sha256(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
-        marker = _read_marker(dest) if is_prepared(dest) else {}
-        if (not force and marker.get("source_sha256") == source
-                and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT):
+        source = ":".join(sha256_file(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
+        marker = read_marker(dest)
+        extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT}
+        current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
+                   and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT)
+        changes = folder_changes(dest)
+        if not force and current and changes is not None and not changes.missing and not changes.broken:
+            if changes.edited:  # the person wrote their own draft_vocabulary.json into an intact export
+                reasons = check_draft_fits(target, dest)
+                if reasons:
+                    tell(f"Your {', '.join(changes.edited)} in {dest} does not fit this draft, so the draft is not "
+                         f"offered until you delete it or write it again: {'; '.join(reasons)}")
+                    continue
+                write_marker(dest, extra=extra, user_files=changes.recorded + changes.edited)
+                tell(f"Kept your {', '.join(changes.edited)} in {dest} (it differs from the shipped one; delete "
+                     "it and run prepare again to get the shipped one back).")
             out.append(dest)
             continue
         say(f"Exporting the shipped draft {src.name}", 0.95)
-        (dest / MARKER).unlink(missing_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
+        carried = set_aside_user_work(dest, tell, keep=USER_FILES)
         export_draft(src, dest, weight_format=DRAFT_WEIGHT_FORMAT)
+        for rel, data in carried.items():
+            (dest / rel).write_bytes(data)
         reasons = check_draft_fits(target, dest)
+        if reasons and carried:
+            aside = aside_path(dest)
+            aside.mkdir(parents=True)
+            for rel in carried:  # not theirs to lose: saved beside the draft, the shipped file back in place
+                (aside / rel).write_bytes(carried[rel])
+                (dest / rel).unlink()
+                if (src / rel).is_file():
+                    shutil.copy2(src / rel, dest / rel)
+                tell(f"Your {rel} does not fit the new export of {src.name} ({'; '.join(reasons)}): saved it to "
+                     f"{aside / rel} and used the shipped one.")
+            carried = {}
+            reasons = check_draft_fits(target, dest)
         if reasons:
             shutil.rmtree(dest)
             raise ModelFolderError(f"The shipped draft {src.name} does not fit the prepared target: {'; '.join(reasons)}")
-        write_marker(dest, extra={"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT})
+        if carried:
+            tell(f"Kept your {', '.join(carried)} in the new export of {src.name} ({dest}).")
+        write_marker(dest, extra=extra, user_files=carried)
         out.append(dest)
     if out:
         best = next((d for d in out if d.name == default_draft_name(prefix, default_file)), out[0])
         (default_drafts_dir() / best_file).write_text(best.name + "\n", encoding="utf-8")
     return out
-
 
 
 # ----------------------------------------------------------------------------- source GGUF
@@ -235,7 +257,7 @@ def verify_gguf(path: Path) -> None:
     size = path.stat().st_size
     if size != GGUF_SIZE:
         raise ModelFolderError(f"{path} has {size:,} bytes, expected {GGUF_SIZE:,}: the file is damaged. {fix}")
-    digest = _sha256(path)
+    digest = sha256_file(path)
     if digest != GGUF_SHA256:
         raise ModelFolderError(f"{path} has sha256 {digest}, expected {GGUF_SHA256}: the file is damaged. {fix}")
 
@@ -272,8 +294,6 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
         del model
         _check_saved_tokenizer(staging)
         say("Moving the Hugging Face folder into place", 0.95)
-        if out_dir.is_dir():
-            (out_dir / MARKER).unlink(missing_ok=True)
         swap_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -470,76 +490,7 @@ def ask(target: Path, question: str, max_new_tokens: int = 32, properties: dict[
     return tok.decode(result.tokens[0], skip_special_tokens=True).strip()
 
 
-# ----------------------------------------------------------------------------- completion marker
-
-
-def write_marker(folder: Path, extra: dict[str, Any] | None = None) -> Path:
-    """Record every file's size and sha256; written last, atomically (tmp file + rename)."""
-    files = {}
-    for f in sorted(_listed_files(folder)):
-        rel = f.relative_to(folder).as_posix()
-        files[rel] = {"size": f.stat().st_size, "sha256": _sha256(f)}
-    marker = {
-        "builder": BUILDER,
-        "builder_version": BUILDER_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": package_versions(_VERSIONED),
-        **(extra or {}),
-        "files": files,
-    }
-    tmp = folder / f"{MARKER}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(marker, indent=2), encoding="utf-8")
-    os.replace(tmp, folder / MARKER)
-    return folder / MARKER
-
-
-def _read_marker(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _marker_problem(folder: Path, *, verify_checksums: bool) -> str | None:
-    """Why `folder` is not a finished build, or None when it is."""
-    if not folder.is_dir():
-        return "no folder"
-    marker = _read_marker(folder)
-    if not marker:
-        return "no (readable) completion marker: partial build"
-    if marker.get("builder") != BUILDER or marker.get("builder_version") != BUILDER_VERSION:
-        return f"built by {marker.get('builder')} v{marker.get('builder_version')}, need {BUILDER} v{BUILDER_VERSION}"
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return "marker lists no files"
-    for rel, info in files.items():
-        f = folder / rel
-        try:
-            if not f.is_file() or f.stat().st_size != int(info["size"]):
-                return f"{rel} is missing or has another size"
-            if verify_checksums and _sha256(f) != info["sha256"]:
-                return f"{rel} does not match its checksum"
-        except (OSError, KeyError, TypeError, ValueError):
-            return f"{rel}: unreadable marker entry"
-    return None
-
-
-def _listed_files(folder: Path) -> Iterable[Path]:
-    for f in folder.rglob("*"):
-        if f.is_file() and not f.name.startswith(MARKER):
-            yield f
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _source_info(gguf_path: Path) -> dict[str, Any]:

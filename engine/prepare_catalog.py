@@ -35,8 +35,9 @@ from engine import catalog
 from engine.catalog import CatalogModel, Part
 from engine.checksums import sha256_file
 from engine.errors import ModelFolderError
-from engine.prepare import (CHECK_STRINGS, MARKER, Progress, _clean_stale_staging, _GgufBpe, _read_marker,
-                            ask, check_ir_tokenizer, is_prepared, prepare_default, prepare_drafts, write_marker)
+from engine.markers import MARKER, is_prepared, read_marker, write_marker
+from engine.prepare import (CHECK_STRINGS, Progress, _clean_stale_staging, _GgufBpe, ask, check_ir_tokenizer,
+                            prepare_default, prepare_drafts)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def prepare_model(
     target = model.target_dir()
     _clean_stale_staging(target.parent)
 
-    if not force and is_prepared(target) and _read_marker(target).get("weight_format") == weight_format:
+    if not force and is_prepared(target) and read_marker(target).get("weight_format") == weight_format:
         _drafts(model, target, force=False, say=say)
         if not keep_intermediates:
             clean_intermediates(model, say)

@@ -25,6 +25,8 @@ class SchedulerConfig:
     num_kv_blocks: int | None = None  # KV cache size in blocks; None: from cache_size_mb
     cache_size_mb: int = 512  # KV cache size when num_kv_blocks is None
     draft_policy: str = "always"  # candidates per window: "always" the full count, "adaptive" (engine/draft_policy.py)
+    prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
+    prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
 
     def validate(self) -> "SchedulerConfig":
         """Raise ValueError naming the field and its allowed range."""
@@ -41,6 +43,11 @@ class SchedulerConfig:
         if self.draft_policy not in POLICIES:
             raise ValueError(f"draft_policy={self.draft_policy!r}: use one of {', '.join(POLICIES)} (\"adaptive\" "
                              "drafts fewer candidates when many requests make the target's rows dear).")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching={self.prefix_caching!r}: use True or False.")
+        if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb={self.prefix_cache_mb!r}: use an integer >= 0 (megabytes of cached "
+                             "prefixes kept for later requests; 0 keeps none once their requests end).")
         return self
 
 
@@ -53,6 +60,7 @@ class StepStats:
     prefill_tokens: int = 0  # of which prompt (or recompute) rows
     split: list[int] = field(default_factory=list)  # requests whose window did not fit whole
     preempted: list[int] = field(default_factory=list)  # requests preempted in this step
+    cached_tokens: int = 0  # prompt tokens that requests admitted in this step found in the prefix cache
     draft_batch: int = 0  # requests drafted in this step's draft inference
 
 

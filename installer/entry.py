@@ -3,7 +3,8 @@
     dflash-studio                      the desktop app (app.__main__; its flags: --target, --draft, ...)
     dflash-studio --self-test [...]    offscreen self-test, JSON on stdout, exit 0 when it passes
     dflash-studio prepare [...]        install the bundled default model into the user data folder
-    dflash-studio generate|bench|devices|export|draft-vocab ...   the engine CLI (engine/cli.py)
+                                       (engine/bundled.py; `generate` and `bench` do it too on first use)
+    dflash-studio generate|bench|devices|export|draft-vocab|serve|row-invariance ...   the engine CLI
     dflash-studio gui [...]            the desktop app, as with no subcommand
     dflash-studio -m engine.cli ARGS   the same (the app's "Prepare now" dialog runs this form)
     dflash-studio --version
@@ -19,8 +20,6 @@ import sys
 
 from dflash_studio import gui_args, wants_gui
 
-VERSION = "0.1.0"
-
 
 def _usable_streams() -> None:
     """A windowed Windows build starts with sys.stdout/stderr = None: use the inherited handles if any
@@ -34,10 +33,6 @@ def _usable_streams() -> None:
 
 
 def _cli(argv: list[str]) -> int:
-    if argv and argv[0] == "prepare" and not {"--model", "--remove", "--list"} & {a.split("=")[0] for a in argv}:
-        from bundled_models import prepare_main
-
-        return prepare_main(argv[1:])
     if argv and argv[0] == "export":
         try:
             import torch  # noqa: F401 - only to give a clear message
@@ -60,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return selftest_main(argv[1:])
     if argv[:1] == ["--version"]:
-        print(f"dflash-studio {VERSION}")
+        from engine import __version__
+
+        print(f"dflash-studio {__version__}")
         return 0
     if argv[:2] == ["-m", "engine.cli"]:
         return _cli(argv[2:])

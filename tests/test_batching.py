@@ -2,8 +2,9 @@
 preemption and cancellation, and acceptance metrics that count each window once.
 
 The reference for every request is its own output when run alone, through a pipeline of the same
-kind (same draft) with the default scheduler. All pipelines pin precision="f32", where greedy
-output is exact (tests/test_pipeline.py). Each scenario also asserts that it really exercised what
+kind (same draft) with the default scheduler. The pipelines pin precision="f32", where greedy
+output is exact (tests/test_pipeline.py), except the default-precision runs of the all-at-once
+scenario (row-invariant too: docs/engine.md "Row invariance"). Each scenario also asserts that it really exercised what
 it is about (several requests in one step, split windows, preemptions), so a scheduler that quietly
 serialises requests or never splits cannot pass by accident.
 """
@@ -44,6 +45,7 @@ class Variant:
     target: Path
     draft: Path | None
     top_k: int | None  # markov_head_top_k for DSpark drafts
+    precision: str = "f32"
     solo_pipe: SpeculativePipeline | None = None
     solo_cache: dict = field(default_factory=dict)
 
@@ -53,7 +55,7 @@ class Variant:
         return base.copy(**changes)
 
     def load(self, scheduler: SchedulerConfig | None = None) -> SpeculativePipeline:
-        return SpeculativePipeline.load(self.target, self.draft, precision="f32", scheduler=scheduler)
+        return SpeculativePipeline.load(self.target, self.draft, precision=self.precision, scheduler=scheduler)
 
     def solo(self, prompt: str, cfg: GenerationConfig):
         """The request's result when it runs alone (default scheduler, nothing else in the pipeline)."""
@@ -351,6 +353,17 @@ def test_cancel_one_request_mid_generation(variant: Variant) -> None:
 def test_everything_at_once(variant: Variant) -> None:
     """Small budget, few sequences, a tiny cache, staggered greedy and sampled requests (one with fewer
     candidates per window): every request still equals its solo output."""
+    _everything_at_once(variant, spare_blocks=1)
+
+
+@pytest.mark.parametrize("name", ["b8_trained", "dspark_topk"])
+def test_everything_at_once_at_the_default_precision(request, name: str) -> None:
+    v = _variant(request, name)
+    # no spare block: the default precision's tokens (not f32's) must still meet a full cache
+    _everything_at_once(Variant(f"{name} (default precision)", v.target, v.draft, v.top_k, "default"), spare_blocks=0)
+
+
+def _everything_at_once(variant: Variant, spare_blocks: int) -> None:
     cfg = variant.cfg(max_new_tokens=40)
     cfgs = [cfg, cfg.copy(do_sample=True, temperature=0.9, rng_seed=3), cfg, cfg.copy(num_assistant_tokens=3)
             if variant.draft is not None else cfg, cfg.copy(do_sample=True, rng_seed=4, top_k=40), cfg]
@@ -359,7 +372,7 @@ def test_everything_at_once(variant: Variant) -> None:
     probe = variant.solo_pipe
     bs = probe.kv_stats()["block_size"]
     need = max(math.ceil((len(probe.encode_prompt(p, chat=False)) + cfg.max_new_tokens + 9) / bs) for p in prompts)
-    sched = SchedulerConfig(max_num_batched_tokens=5, max_num_seqs=4, num_kv_blocks=need + 1)
+    sched = SchedulerConfig(max_num_batched_tokens=5, max_num_seqs=4, num_kv_blocks=need + spare_blocks)
     run = run_batch(variant.load(sched), [(2 * i, p, c) for i, (p, c) in enumerate(zip(prompts, cfgs))])
     check_common(run, sched)
     for rid, want in zip(run.rids, ref):

@@ -17,7 +17,7 @@ from engine import catalog, prepare_catalog
 from engine.catalog import QWEN_CODER, SMOLLM2, Part
 from engine.checksums import find_gguf, sha256_file
 from engine.errors import DFlashError, ModelFolderError
-from engine.prepare import MARKER, write_marker
+from engine.markers import MARKER, write_marker
 
 CHUNKS = [b"GGUF" + os.urandom(3000), os.urandom(5000), os.urandom(1234)]
 

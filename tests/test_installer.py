@@ -101,7 +101,7 @@ def test_bundle_self_test(built, tmp_path):
 
 def _stand_in_default(tmp_path: Path, built: dict) -> Path:
     """A 'bundled default model' made from the tiny target, with a real completion marker."""
-    from engine.prepare import write_marker
+    from engine.markers import write_marker
 
     src = tmp_path / "bundled-models"
     folder = src / "SmolLM2-135M-Instruct-ov"  # engine.paths.default_target_dir().name
@@ -125,7 +125,7 @@ def test_first_run_installs_the_bundled_default_then_works_offline(built, tmp_pa
     target = home / "models" / "SmolLM2-135M-Instruct-ov"
     assert p.stdout.strip().splitlines()[-1] == str(target)
     assert "100.0% Prepared" in p.stderr
-    from engine.prepare import is_prepared
+    from engine.markers import is_prepared
 
     assert is_prepared(target)
     p = subprocess.run([str(exe), "prepare"], env=env, capture_output=True, text=True, timeout=120)

@@ -9,7 +9,8 @@ import pytest
 
 from engine import prepare
 from engine.errors import ModelFolderError
-from engine.prepare import MARKER, is_prepared, write_marker
+from engine import markers
+from engine.markers import MARKER, is_prepared, write_marker
 
 
 def _fake_folder(root: Path) -> Path:
@@ -28,7 +29,7 @@ def test_marker_round_trip(tmp_path: Path) -> None:
     assert is_prepared(folder)
     data = json.loads((folder / MARKER).read_text())
     assert set(data["files"]) == {"openvino_model.xml", "openvino_model.bin", "sub/extra.json"}
-    assert data["weight_format"] == "int8" and data["builder_version"] == prepare.BUILDER_VERSION
+    assert data["weight_format"] == "int8" and data["builder_version"] == markers.BUILDER_VERSION
     assert not list(folder.glob(f"{MARKER}.tmp-*"))
 
 
@@ -58,7 +59,7 @@ def test_partial_or_corrupt_folders_are_not_prepared(tmp_path: Path, damage: str
         marker.write_text("{not json")
     elif damage == "old_builder":
         data = json.loads(marker.read_text())
-        data["builder_version"] = prepare.BUILDER_VERSION - 1
+        data["builder_version"] = markers.BUILDER_VERSION - 1
         marker.write_text(json.dumps(data))
     elif damage == "empty_file_list":
         data = json.loads(marker.read_text())
@@ -85,7 +86,7 @@ def test_prepared_target_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(prepare, "find_gguf", no_build)
     drafts_for: list[Path] = []
-    monkeypatch.setattr(prepare, "prepare_drafts", lambda t, force, progress: drafts_for.append(t))
+    monkeypatch.setattr(prepare, "prepare_drafts", lambda t, force, progress, notice: drafts_for.append(t))
     messages: list[tuple[str, float]] = []
     assert prepare.prepare_default(progress=lambda m, f: messages.append((m, f))) == target
     assert messages and messages[-1][1] == 1.0

@@ -30,10 +30,13 @@ STATS_FIELDS: dict[str, tuple[str, float | None, float | None]] = {
     "tokens_per_step": (_NUM, 0.0, 1e6),
     "acceptance_rate": (_NUM, 0.0, 100.0),  # a fraction; old files may hold a percentage
     "target_steps": (_INT, 0, 1e12),
+    "cached_tokens": (_INT, 0, 1e12),  # prompt tokens the prefix cache served
+    "prefix_cache_mb": (_NUM, 0.0, 1e9),
     "tokens": (_INT, 0, 1e12),
     "markov_head_top_k": (_INT, 0, 1e9),
     "num_assistant_tokens": (_INT, 0, 1e9),
     "prompt_tokens": (_INT, 0, 1e12),
+    "context_dropped_turns": (_INT, 0, 1e9),  # oldest turns left out of the prompt (engine fit_chat)
     "device": (_STR, None, None),
     "draft": (_STR, None, None),
     "source": (_STR, None, None),

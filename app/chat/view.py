@@ -48,6 +48,9 @@ def format_stats(stats: dict[str, Any] | None) -> str:
         parts.append(f"{pct:.0f}% accepted")
     if "tokens" in stats:
         parts.append(f"{stats['tokens']} tokens")
+    cached = _finite(stats.get("cached_tokens"))
+    if cached:
+        parts.append(f"{cached:.0f} prompt tokens cached")
     if has_draft:
         extra = [str(stats["variant"])] if stats.get("variant") else []
         if stats.get("markov_head_top_k") is not None:
@@ -222,6 +225,10 @@ class ChatView(QTextBrowser):
             lines.append((f"Error: {m.error or 'generation failed'}", self._f_err))
         elif m.status == DONE and m.finish_reason == "length":
             lines.append(("Reached the max new tokens limit.", self._f_meta))
+        dropped = (m.stats or {}).get("context_dropped_turns")
+        if isinstance(dropped, int) and dropped > 0:
+            lines.append((f"The conversation outgrew the model's context: its oldest {dropped} "
+                          f"turn{'s were' if dropped > 1 else ' was'} left out of this reply's prompt.", self._f_stop))
         stats = format_stats(m.stats)
         if stats:
             lines.append((stats, self._f_meta))

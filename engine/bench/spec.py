@@ -89,6 +89,8 @@ class BenchSpec:
     concurrency: list[int] | None = None
     scheduler: dict[str, int | None] = field(default_factory=dict)  # the options given (None: default)
     draft_policies: list[str] = field(default_factory=lambda: [ALWAYS])  # each draft configuration runs under each
+    turns: int = 1  # user turns per conversation; rows report the last (engine/bench/turns.py)
+    prefix_caching: list[bool] = field(default_factory=lambda: [True])  # this engine's rows, one per setting
 
     @property
     def levels(self) -> list[int] | None:
@@ -102,6 +104,16 @@ class BenchSpec:
             raise ValueError(f"prompts={self.prompts}: run at least one prompt.")
         if not self.decodings:
             raise ValueError("decodings: choose greedy, a sampling temperature, or both.")
+        if self.turns not in range(1, 9):
+            raise ValueError(f"turns={self.turns}: use 1 (the first turn) to 8 (2: MT-Bench's second turn).")
+        if self.turns > 1 and self.concurrency is not None:
+            raise ValueError(f"turns={self.turns}: conversations run one request at a time; leave out concurrency "
+                             "(--concurrency) or use --turns 1.")
+        if not self.prefix_caching:
+            raise ValueError("prefix_caching: choose on, off, or both.")
+        if self.concurrency is not None and len(self.prefix_caching) > 1:
+            raise ValueError("prefix_caching: the rows at N requests run without a prefix cache, as their "
+                             "ContinuousBatchingPipeline peer; leave out --prefix-caching with --concurrency.")
         for n in self.num_assistant_tokens:
             if n is not None:
                 GenerationConfig(num_assistant_tokens=n).validate()
@@ -165,6 +177,10 @@ def spec_command(spec: BenchSpec) -> str:
         parts.append("--no-greedy")
     if spec.decodings and spec.decodings[0].repetition_penalty != 1.0:
         parts += ["--repetition-penalty", f"{spec.decodings[0].repetition_penalty:g}"]
+    if spec.turns != 1:
+        parts += ["--turns", str(spec.turns)]
+    if spec.prefix_caching != [True]:
+        parts += ["--prefix-caching", *("on" if x else "off" for x in spec.prefix_caching)]
     if not spec.genai_target and not spec.genai_dflash:
         parts.append("--no-genai")
     elif not spec.genai_dflash:

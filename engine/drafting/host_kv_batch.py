@@ -39,6 +39,7 @@ class HostKVBatch:
         self.rows: list[int] = []  # sequence per batch row
         self.lengths: dict[int, int] = {}  # context rows cached per sequence
         self.dropped: set[int] = set()
+        self._preloaded: dict[int, list[np.ndarray]] = {}  # a cached prefix's KV for a row that joins next call
         self.inputs = BoundInputs(self.request)
         self.buffers: list[np.ndarray] = []
         self._bind([self._empty(0, 0, kv.heads, kv.head_size) for kv in model.kv])
@@ -62,8 +63,23 @@ class HostKVBatch:
     def drop(self, seq: int) -> None:
         """Forget a sequence (finished, cancelled, preempted); its row leaves at the next call."""
         self.lengths.pop(seq, None)
+        self._preloaded.pop(seq, None)
         if seq in self.rows:
             self.dropped.add(seq)
+
+    def preload(self, seq: int, kv: list[np.ndarray]) -> None:
+        """Start `seq`'s row with the context KV of a cached prefix ([kv heads, rows, head size] per
+        cached tensor, as `export` gave them): the row joins at the next call with those rows as its
+        first slots, so the draft continues as if it had taken in the prefix's target rows itself."""
+        self.drop(seq)
+        self._preloaded[seq] = kv
+
+    def export(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
+        """Copies of `seq`'s cached context KV at positions [start, stop) (for the prefix cache)."""
+        if stop > self.lengths.get(seq, 0) or seq in self.dropped:
+            raise ValueError(f"sequence {seq} has {self.lengths.get(seq, 0)} context rows, not {stop}")
+        r = self.rows.index(seq)
+        return [b[r, :, start:stop].copy() for b in self.buffers]
 
     def _rebatch(self, calls: list[DraftCall]) -> None:
         """Drop finished rows, append newcomers; copies the arrays only when the rows change."""
@@ -76,10 +92,22 @@ class HostKVBatch:
         capacity = self.capacity
         if capacity > self.MIN_CAPACITY and 4 * longest < capacity:  # long requests left: shrink
             capacity = max(self.MIN_CAPACITY, _pow2_at_least(2 * longest))
-        self._bind([np.concatenate([b[index, :, :capacity], self._empty(len(new), capacity, b.shape[1], b.shape[3])])
-                    for b in self.buffers])
+        preload = {s: self._preloaded.pop(s) for s in new if s in self._preloaded}
+        longest_new = max((kv[0].shape[1] for kv in preload.values()), default=0)
+        if longest_new > capacity:
+            capacity = max(self.MIN_CAPACITY, _pow2_at_least(longest_new))
+        kept = [b[index, :, :capacity] for b in self.buffers]
+        if capacity > self.capacity:
+            kept = [np.concatenate([k, self._empty(k.shape[0], capacity - k.shape[2], k.shape[1], k.shape[3])], axis=2)
+                    for k in kept]
+        self._bind([np.concatenate([k, self._empty(len(new), capacity, k.shape[1], k.shape[3])]) for k in kept])
         self.lengths.update({s: 0 for s in new})
         self.rows, self.dropped = keep + new, set()
+        for seq, kv in preload.items():
+            r, rows = self.rows.index(seq), kv[0].shape[1]
+            for buf, part in zip(self.buffers, kv):
+                buf[r, :, :rows] = part
+            self.lengths[seq] = rows
 
     def _reserve(self, slots: int) -> None:
         """Make room for `slots` slots per row (doubling, so the shape changes rarely)."""

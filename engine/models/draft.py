@@ -8,7 +8,6 @@ full-vocabulary logits leave the graph (docs/engine.md).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from engine.errors import ModelFolderError
 from engine.models.bound_inputs import BoundInputs
 from engine.models.draft_kv import KVInput, externalize_kv, skip_converts, split_past_attention
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
+from engine.models.files import check_folder, read_ir, read_optional_json_object
 from engine.models.folders import TargetFolder, as_target_folder
 from engine.models.target import _lm_head
 
@@ -27,6 +27,7 @@ DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
 SCORER_FILE = "openvino_markov_head_model.xml"
 DENSE_HEAD_FILE = "openvino_markov_head_dense_model.xml"
 VARIANTS = ("dflash_v1", "dspark", "dflash_v2")
+_REEXPORT = "export the draft again with `dflash-studio export --kind draft` (or copy the folder again)."
 
 
 @dataclass
@@ -88,15 +89,12 @@ def _rt(model: ov.Model, *path: str) -> str | None:
 
 def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
     """Read a draft folder's metadata; raise ModelFolderError saying what is missing."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ModelFolderError(f"Draft folder {folder} does not exist: choose a folder exported with "
-                               "`dflash-studio export --kind draft`.")
+    folder = check_folder(folder, "Draft folder", "choose a folder exported with `dflash-studio export --kind draft`.")
     missing = [f for f in DRAFT_FILES if not (folder / f).is_file()]
     if missing:
         raise ModelFolderError(f"Draft folder {folder} lacks {', '.join(missing)}: export the draft again with "
                                "`dflash-studio export --kind draft`.")
-    model = (core or ov.Core()).read_model(folder / "openvino_model.xml")
+    model = read_ir(core or ov.Core(), folder / "openvino_model.xml", _REEXPORT)
     if _rt(model, "dflash_mode") is None:
         raise ModelFolderError(f"{folder} holds an OpenVINO model that is not a DFlash draft (no dflash_mode in "
                                "its metadata): pick a DFlash/DSpark draft folder, or use it as a target.")
@@ -104,8 +102,11 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
     if not {"inputs_embeds", "hidden_states", "position_ids", "attention_mask"} <= names:
         raise ModelFolderError(f"Draft {folder} has inputs {sorted(names)}, not the DFlash draft contract "
                                "(inputs_embeds, hidden_states, position_ids, attention_mask).")
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    dcfg = config.get("dflash_config", {})
+    config = read_optional_json_object(folder / "config.json", _REEXPORT)
+    dcfg = config.get("dflash_config") or {}
+    if not isinstance(dcfg, dict):
+        raise ModelFolderError(f"{folder / 'config.json'}: dflash_config is a {type(dcfg).__name__}, not an object: "
+                               f"{_REEXPORT}")
     mask = _rt(model, "dflash", "mask_token_id") or dcfg.get("mask_token_id", config.get("mask_token_id"))
     layers = _rt(model, "dflash", "target_layer_ids")
     layer_ids = ([int(x) for x in layers.split(",")] if layers
@@ -147,6 +148,10 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
     if info.has_head and not (folder / SCORER_FILE).is_file():
         raise ModelFolderError(f"Draft {folder} declares a {info.head_type} Markov head but {SCORER_FILE} is "
                                "missing: export the draft again, or copy the head files next to the backbone.")
+    for name in (SCORER_FILE, DENSE_HEAD_FILE):
+        for f in (folder / name, (folder / name).with_suffix(".bin")):
+            if info.has_head and f.is_file() and f.stat().st_size == 0:
+                raise ModelFolderError(f"{f} is empty (0 bytes; a copy or export that did not finish): {_REEXPORT}")
     return info
 
 

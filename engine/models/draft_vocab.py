@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
+import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -63,20 +65,62 @@ def read_draft_vocabulary(folder: Path, vocab_size: int) -> np.ndarray | None:
 
 
 def count_answer_tokens(rows: Iterable[Sequence[int]], vocab_size: int) -> np.ndarray:
-    """How often each token id occurs in `rows` (the target's answers, as token ids)."""
+    """How often each token id occurs in `rows` (the target's answers, as token ids).
+
+    An id outside 0..vocab_size-1 is a ValueError, not dropped: such answers come from another
+    tokenizer (or vocab_size is wrong), and a set counted from them would cover the wrong tokens."""
     counts = np.zeros(vocab_size, np.int64)
+    outside, seen = 0, (None, None)
     for row in rows:
         ids = np.asarray(row, np.int64)
-        if ids.size:
-            counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+        if not ids.size:
+            continue
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            outside += int(bad.sum())
+            lo, hi = int(ids.min()), int(ids.max())
+            seen = (lo if seen[0] is None else min(seen[0], lo), hi if seen[1] is None else max(seen[1], hi))
+            continue
+        counts += np.bincount(ids, minlength=vocab_size)
+    if outside:
+        raise ValueError(f"{outside:,} token ids lie outside the vocabulary 0..{vocab_size - 1:,} (seen "
+                         f"{seen[0]:,}..{seen[1]:,}): the answers were tokenized by another tokenizer, or the "
+                         "vocabulary size is wrong (--vocab-size, or the draft's config.json vocab_size).")
     return counts
 
 
 def read_answer_rows(path: Path, field: str = "answer") -> list[list[int]]:
-    """Token-id rows from a JSONL(.gz) file, one object per line with `field` (the training data format)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line)[field] for line in f if line.strip()]
+    """Token-id rows from a JSONL(.gz) file, one object per line with `field` (the training data format).
+
+    A bad file is a ValueError naming the file and line (a missing file stays FileNotFoundError)."""
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    rows: list[list[int]] = []
+    n = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if not isinstance(obj, dict) or field not in obj:
+                    have = ", ".join(sorted(obj)[:8]) if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+                    raise ValueError(f"{path} line {n} has no {field!r} field ({have}): pass --field NAME with "
+                                     "the field that holds the token ids.")
+                row = obj[field]
+                if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+                    raise ValueError(f"{path} line {n}: {field!r} is not a list of token ids (whole numbers).")
+                rows.append(row)
+    except gzip.BadGzipFile as exc:
+        raise ValueError(f"{path} is not a gzip file ({exc}): give the .jsonl.gz as written, or drop the .gz "
+                         "from the name of a plain JSONL file.") from exc
+    except (EOFError, zlib.error) as exc:
+        raise ValueError(f"{path} is a damaged gzip file ({exc or 'it ends early'}): write it again.") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} line {n + 1} is not UTF-8 text: give JSONL rows of token ids.") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} line {n} is not JSON ({exc.msg}): give one JSON object per line.") from exc
+    return rows
 
 
 def write_draft_vocabulary(folder: Path, counts: np.ndarray, size: int = DEFAULT_SIZE, source: str = "",
@@ -92,7 +136,10 @@ def write_draft_vocabulary(folder: Path, counts: np.ndarray, size: int = DEFAULT
               "coverage": float(counts[ids].sum() / max(1, counts.sum()))}
     if heldout is not None:
         record["heldout_coverage"] = float(heldout[ids].sum() / max(1, heldout.sum()))
-    (Path(folder) / VOCAB_FILE).write_text(json.dumps(record), encoding="utf-8")
+    path = Path(folder) / VOCAB_FILE
+    tmp = path.with_name(f".{VOCAB_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(tmp, path)  # a crash never leaves half a file the draft would refuse to load
     return record
 
 

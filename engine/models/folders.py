@@ -8,16 +8,17 @@ engine/models/draft.py's `DraftInfo`, which keeps the draft IR it read the same 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import openvino as ov
 
+from engine.models.files import read_ir, read_optional_json_object
 from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
 
 IR_FILE = "openvino_model.xml"
 TOKENIZER_FILE = "openvino_tokenizer.xml"
+_FIX = "export the target again with `dflash-studio export --kind target` (or copy the folder again)."
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,12 @@ class TargetFolder:
 
 
 def read_target_folder(path: Path | str, core: ov.Core | None = None) -> TargetFolder:
-    """Check the folder (ModelFolderError naming the missing file and the fix) and read it once."""
+    """Check the folder and read it once; a missing, empty or damaged file is a ModelFolderError that
+    names it and the fix (engine/models/files.py)."""
     path = Path(path)
     check_target_dir(path)
-    model = (core or ov.Core()).read_model(path / IR_FILE)
-    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    config = read_optional_json_object(path / "config.json", _FIX)
+    model = read_ir(core or ov.Core(), path / IR_FILE, _FIX)
     return TargetFolder(path, config, int(model.output("logits").get_partial_shape()[2].get_length()),
                         int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length()),
                         num_decoder_layers(model), model)

@@ -4,8 +4,18 @@ The PagedAttention target (engine/models/paged_target.py) stores keys and values
 blocks shared by all sequences; a sequence owns a list of block ids covering its committed tokens.
 Rolling back after a rejection is only a shorter length (and freeing blocks that no longer hold
 any token); nothing in the cache is copied. docs/batching.md explains the choice.
+
+With prefix caching (engine/prefix_cache.py) a full block can be held by several sequences at once
+(reference counts): it is only ever read, since a sequence writes at its own end, past every block
+it shares. A cached block no sequence holds stays in the prefix cache (idle, least recently used
+first) and is reused from there for a new block only when no block is free.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.prefix_cache import PrefixCache
 
 
 class OutOfBlocks(RuntimeError):
@@ -13,7 +23,8 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockTable:
-    """A free list of `num_blocks` blocks of `block_size` tokens and each sequence's blocks."""
+    """A free list of `num_blocks` blocks of `block_size` tokens, each sequence's blocks, and reference
+    counts for blocks that several sequences share through the prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -22,6 +33,8 @@ class BlockTable:
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._owned: dict[int, list[int]] = {}
+        self._refs = [0] * num_blocks
+        self.cache: PrefixCache | None = None  # set by the pipeline when prefix caching is on
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks needed to hold `tokens` tokens."""
@@ -29,24 +42,48 @@ class BlockTable:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a sequence can take: free ones and cached ones that no sequence holds."""
+        return len(self._free) + (self.cache.idle_blocks if self.cache is not None else 0)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
 
     def blocks(self, seq: int) -> list[int]:
         return self._owned.get(seq, [])
 
     def can_grow(self, seq: int, tokens: int) -> bool:
         """Whether `seq` can hold `tokens` tokens in all (its own blocks plus free ones)."""
-        return self.blocks_for(tokens) - len(self.blocks(seq)) <= len(self._free)
+        return self.blocks_for(tokens) - len(self.blocks(seq)) <= self.free_blocks
 
     def grow(self, seq: int, tokens: int) -> list[int]:
         """Make `seq` own enough blocks for `tokens` tokens; OutOfBlocks (nothing taken) if it can't."""
         owned = self._owned.setdefault(seq, [])
         need = self.blocks_for(tokens) - len(owned)
-        if need > len(self._free):
-            raise OutOfBlocks(f"sequence {seq} needs {need} more KV blocks, {len(self._free)} are free")
+        if need > self.free_blocks:
+            raise OutOfBlocks(f"sequence {seq} needs {need} more KV blocks, {self.free_blocks} are free")
         for _ in range(max(0, need)):
-            owned.append(self._free.pop())
+            block = self._free.pop() if self._free else self.cache.evict()
+            self._refs[block] = 1
+            owned.append(block)
         return owned
+
+    def adopt(self, seq: int, blocks: list[int]) -> None:
+        """Make `seq` (holding nothing yet) start with cached `blocks`, which it shares and never writes."""
+        if self._owned.get(seq):
+            raise ValueError(f"sequence {seq} already holds blocks; a prefix is adopted before anything else")
+        for block in blocks:
+            if self._refs[block] == 0:
+                self.cache.hold(block)  # leaves the idle list: not evictable while held
+            self._refs[block] += 1
+        self._owned[seq] = list(blocks)
+
+    def _unref(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            if self.cache is not None and self.cache.holds(block):
+                self.cache.park(block)
+            else:
+                self._free.append(block)
 
     def shrink(self, seq: int, tokens: int) -> None:
         """Free the blocks of `seq` past the first `tokens` tokens (a rollback)."""
@@ -55,9 +92,17 @@ class BlockTable:
             return
         keep = self.blocks_for(tokens)
         while len(owned) > keep:
-            self._free.append(owned.pop())
+            self._unref(owned.pop())
 
     def release(self, seq: int) -> None:
-        """Free every block of `seq` (finished, cancelled or preempted)."""
+        """Let go of every block of `seq` (finished, cancelled or preempted). Its last block goes first,
+        so a cached prefix is evicted from its end and its start stays reusable longest."""
         for block in reversed(self._owned.pop(seq, [])):
-            self._free.append(block)
+            self._unref(block)
+        if self.cache is not None:
+            self.cache.trim()
+
+    def give_back(self, block: int) -> None:
+        """A cached block that no sequence holds left the cache (evicted or cleared): free again."""
+        assert self._refs[block] == 0, f"block {block} is held by a sequence"
+        self._free.append(block)

@@ -7,6 +7,15 @@ inference names, per sequence, its new tokens, how many it already has (`past_le
 blocks hold them (engine/models/kv_blocks.py). Rolling back a rejection is a shorter length.
 The graph edits of engine/models/target.py are applied on top (rows gathered before the lm_head,
 argmax ids in the graph, the tapped layers' rows concatenated).
+
+Row invariance (`pad_single_rows`): the CPU plugin's PagedAttention scores a sequence of one new
+token with other kernels than a sequence of several (which one also depends on how many sequences
+share the call and on the thread count), and they sum in another order; int8 dynamic quantization
+turns those last-bit differences into different logits. So a one-row chunk gets a padding row (the
+same token one position further, its key/value slot in the sequence's next slot or a scratch block,
+never read by a real row), and at least two rows go through the lm_head: every row of every call
+then runs the multi-row kernels, whose rows do not depend on one another (docs/engine.md, "Row
+invariance").
 """
 from __future__ import annotations
 
@@ -50,7 +59,7 @@ class PagedTarget:
 
     def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
-                 cache_size_mb: int = 512) -> None:
+                 cache_size_mb: int = 512, pad_single_rows: bool = True) -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
         target = as_target_folder(folder, core)
@@ -82,9 +91,11 @@ class PagedTarget:
         if num_blocks is None:
             num_blocks = max(1, (cache_size_mb << 20) // block_bytes)
         self.blocks = BlockTable(int(num_blocks), self.block_size)
+        self.pad_single_rows = pad_single_rows
+        self.scratch_block = self.blocks.num_blocks  # one block past the table's: padding rows' slots
         for port in caches:
             name = port.get_any_name()
-            tensor = ov.Tensor(port.get_element_type(), [self.blocks.num_blocks, *shapes[name]])
+            tensor = ov.Tensor(port.get_element_type(), [self.blocks.num_blocks + 1, *shapes[name]])
             try:
                 tensor.data[...] = 0  # unused slots are never read; zeros keep garbage out of any reduction
             except (RuntimeError, TypeError, ValueError):
@@ -95,16 +106,22 @@ class PagedTarget:
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
         """One inference for every chunk; the caller has grown each chunk's blocks to past + len(ids)."""
-        lens = [len(c.ids) for c in chunks]
+        pad = [self.pad_single_rows and len(c.ids) == 1 for c in chunks]
+        lens = [len(c.ids) + p for c, p in zip(chunks, pad)]
         starts = np.zeros(len(chunks) + 1, np.int32)
         np.cumsum(lens, out=starts[1:])
-        ids = np.fromiter((t for c in chunks for t in c.ids), np.int64, int(starts[-1]))
+        ids = np.fromiter((t for c, p in zip(chunks, pad) for t in c.ids + c.ids[-1:] * p), np.int64,
+                          int(starts[-1]))
         positions = np.concatenate([np.arange(c.past, c.past + n, dtype=np.int64) for c, n in zip(chunks, lens)])
-        tables = [self.blocks.blocks(c.seq)[: self.blocks.blocks_for(c.past + n)] for c, n in zip(chunks, lens)]
+        tables = [self._table(c, n) for c, n in zip(chunks, lens)]
         table_starts = np.zeros(len(chunks) + 1, np.int32)
         np.cumsum([len(t) for t in tables], out=table_starts[1:])
-        rows = np.concatenate([np.arange(s + n - c.logit_rows, s + n, dtype=np.int64)
-                               for c, s, n in zip(chunks, starts[:-1], lens)])
+        # the real rows' logits: the LAST logit_rows rows of each chunk (a padding row is after them)
+        rows = np.concatenate([np.arange(s + len(c.ids) - c.logit_rows, s + len(c.ids), dtype=np.int64)
+                               for c, s in zip(chunks, starts[:-1])])
+        gathered = rows
+        if self.pad_single_rows and rows.size == 1:
+            gathered = np.repeat(rows, 2)  # a one-row lm_head takes another kernel without dynamic quantization
         feeds = {
             "input_ids": ids,
             "position_ids": positions,
@@ -113,7 +130,7 @@ class PagedTarget:
             "block_indices": np.fromiter((b for t in tables for b in t), np.int32, int(table_starts[-1])),
             "block_indices_begins": table_starts,
             "max_context_len": np.array(max(c.past + n for c, n in zip(chunks, lens)), np.int32),
-            "logits_indices": rows if rows.size else np.zeros(1, np.int64),
+            "logits_indices": gathered if gathered.size else np.zeros(1, np.int64),
         }
         self.inputs.feed(feeds)
         self.inputs.run()
@@ -124,9 +141,18 @@ class PagedTarget:
                   if self.tap_layers else None)
         out = BatchOutput([], [], [])
         at = 0
-        for c, s, n in zip(chunks, starts[:-1], lens):
+        for c, s in zip(chunks, starts[:-1]):
             out.next_ids.append(next_ids[at: at + c.logit_rows])
             out.logits.append(logits[at: at + c.logit_rows] if logits is not None else None)
-            out.hidden.append(hidden[s: s + n] if hidden is not None else None)
+            out.hidden.append(hidden[s: s + len(c.ids)] if hidden is not None else None)
             at += c.logit_rows
         return out
+
+    def _table(self, chunk: SeqChunk, rows: int) -> list[int]:
+        """The chunk's block table for `rows` rows: a padding row past the sequence's blocks gets the
+        scratch block (several sequences may share it in one call: its slots hold padding only)."""
+        owned = self.blocks.blocks(chunk.seq)
+        need = self.blocks.blocks_for(chunk.past + rows)
+        if len(owned) >= need:
+            return owned[:need]
+        return owned[: self.blocks.blocks_for(chunk.past + len(chunk.ids))] + [self.scratch_block]

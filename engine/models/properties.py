@@ -1,13 +1,18 @@
 """Compile properties per device and precision mode.
 
-"exact" pins f32 inference, an f32 KV cache and no dynamic quantization: only then does a target
-that scores k tokens in one inference give the same argmax as k one-token steps, so greedy
-speculative output equals the target alone's token for token (docs/openvino-notes: bf16/u8/int8
-near-ties differ legitimately). "default" is the fast mode: on CPU it keeps int8 dynamic
-quantization and the u8 KV cache but computes in f32, because the CPU default of bf16 together with
-dynamic quantization breaks SmolLM2's int8 answers (measured: "What is the capital of France?"
--> "L'Étoile, la Marseillaise" instead of "Paris"; either change alone fixes it, and f32 + dynamic
-quantization verifies 8 tokens at about 1.3x the cost of 1, against 2x without it).
+Both modes are lossless on CPU: a target row's logits do not depend on how many other rows share
+its inference (its own candidates, other requests' rows, padding), so greedy speculative output
+equals the target alone's token for token (docs/engine.md, "Row invariance"). Two things make a
+row depend on its neighbours, and both are dealt with:
+- the CPU plugin's PagedAttention scores a one-row sequence with other kernels than a multi-row
+  one; engine/models/paged_target.py pads one-row chunks (`pads_single_rows`);
+- a u8 key cache quantized by channel shares each channel's scale over the tokens of a block, so a
+  token's stored key depends on which tokens were written with it: keys are quantized by token.
+"default" computes in f32 with int8 dynamic quantization (the CPU default of bf16 together with
+dynamic quantization breaks SmolLM2's int8 answers: "What is the capital of France?" ->
+"L'Etoile, la Marseillaise"; f32 + dynamic quantization verifies 8 tokens at about 1.3x the cost
+of one, against 2x without it) and a u8 KV cache. "f32" is the reference: f32 compute, f32 KV
+cache, no dynamic quantization (slower: the verify costs about twice a one-row step).
 """
 from __future__ import annotations
 
@@ -19,6 +24,13 @@ EXACT_PROPERTIES: dict[str, str] = {
     "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
 }
 
+# u8 keys quantized by channel depend on the other tokens of their block (written in the same call)
+CPU_DEFAULT_PROPERTIES: dict[str, str] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "u8",
+    "KEY_CACHE_QUANT_MODE": "BY_TOKEN",
+}
+
 
 def compile_properties(device: str, precision: str = "default") -> dict[str, str]:
     """Properties for core.compile_model; raises ValueError for an unknown precision."""
@@ -27,6 +39,29 @@ def compile_properties(device: str, precision: str = "default") -> dict[str, str
     props: dict[str, str] = {"PERFORMANCE_HINT": "LATENCY"}
     if precision == "f32":
         props.update(EXACT_PROPERTIES)
-    elif device.upper().startswith("CPU"):
-        props["INFERENCE_PRECISION_HINT"] = "f32"
+    elif is_cpu(device):
+        props.update(CPU_DEFAULT_PROPERTIES)
     return props
+
+
+def pads_single_rows(device: str) -> bool:
+    """Whether the paged target pads one-row chunks so every row runs the multi-row kernels (CPU)."""
+    return is_cpu(device)
+
+
+def is_cpu(device: str) -> bool:
+    return device.upper().startswith("CPU")
+
+
+def is_lossless(device: str, precision: str) -> bool:
+    """Whether greedy speculative output equals the target alone's token for token in this mode."""
+    return precision == "f32" or is_cpu(device)
+
+
+def precision_label(device: str, precision: str) -> str:
+    """What the app and the bench show for a mode: what it computes and whether it is lossless."""
+    if precision == "f32":
+        return "f32 reference (f32 compute and KV cache, no dynamic quantization): lossless"
+    if is_cpu(device):
+        return "default (f32 compute, int8 dynamic quantization, u8 KV cache, row-invariant): lossless"
+    return f"default ({device} plugin defaults): greedy output may differ from the target alone's at near-ties"

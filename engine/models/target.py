@@ -16,6 +16,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
+from engine.models.files import check_folder
 
 HIDDEN_ANNOTATION = "hidden_states_decoder_layers"
 REQUIRED_TARGET_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
@@ -23,10 +24,8 @@ REQUIRED_TARGET_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_t
 
 def check_target_dir(path: Path) -> None:
     """Raise ModelFolderError naming the missing file and the fix."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ModelFolderError(f"Target folder {path} does not exist: choose an OpenVINO model folder "
-                               "(export one with `dflash-studio export --kind target`).")
+    path = check_folder(path, "Target folder", "choose an OpenVINO model folder (export one with "
+                        "`dflash-studio export --kind target`).")
     missing = [f for f in REQUIRED_TARGET_FILES if not (path / f).is_file()]
     if missing:
         raise ModelFolderError(

@@ -2,14 +2,30 @@
 from __future__ import annotations
 
 import codecs
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
 import openvino_genai as ov_genai
 
+from engine.errors import ModelFolderError
 from engine.events import TextPiece
+from engine.models.files import openvino_reason, read_optional_json_object
+
+TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_tokenizer.bin", "openvino_detokenizer.xml",
+                   "openvino_detokenizer.bin")
+
+
+def check_text(text: str, what: str = "The prompt") -> None:
+    """Text must be encodable as UTF-8: bytes a terminal or file could not decode arrive in Python as
+    lone surrogates (U+DC80..U+DCFF), which the tokenizer cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raw = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
+        raise ValueError(f"{what} is not valid UTF-8 text ({raw} at character {exc.start}): give it as UTF-8 "
+                         "(check the terminal's or the file's encoding, e.g. `iconv -f latin1 -t utf-8`).") from None
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]  # text, chat messages, or token ids
 
@@ -19,41 +35,62 @@ class TextTokenizer:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.tok = ov_genai.Tokenizer(str(self.folder))
+        fix = "export the model again with `dflash-studio export --kind target` (or copy the folder again)."
+        for name in TOKENIZER_FILES:
+            f = self.folder / name
+            if f.is_file() and f.stat().st_size == 0:
+                raise ModelFolderError(f"{f} is empty (0 bytes; a copy or export that did not finish): {fix}")
+        try:
+            self.tok = ov_genai.Tokenizer(str(self.folder))
+        except RuntimeError as exc:
+            raise ModelFolderError(f"The tokenizer of {self.folder} (openvino_tokenizer.xml / "
+                                   f"openvino_detokenizer.xml) cannot be read ({openvino_reason(exc)}): {fix}") from exc
         self.eos_token_ids: set[int] = set()
         eos = self.tok.get_eos_token_id()
         if eos is not None and eos >= 0:
             self.eos_token_ids.add(int(eos))
-        gen_cfg = self.folder / "generation_config.json"
-        if gen_cfg.is_file():
-            ids = json.loads(gen_cfg.read_text()).get("eos_token_id")
-            self.eos_token_ids.update([ids] if isinstance(ids, int) else (ids or []))
+        ids = read_optional_json_object(self.folder / "generation_config.json", fix).get("eos_token_id")
+        if isinstance(ids, int) or (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            self.eos_token_ids.update([ids] if isinstance(ids, int) else ids)
 
     @property
     def has_chat_template(self) -> bool:
         return bool(self.tok.chat_template)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_text(text)
         return [int(x) for x in self.tok.encode(text, add_special_tokens=add_special_tokens).input_ids.data[0]]
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        for m in messages:
+            check_text(m.get("content", ""), "The prompt" if len(messages) == 1 else f"The {m.get('role')} message")
         return self.tok.apply_chat_template(messages, add_generation_prompt=True)
 
-    def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Token ids for a prompt: text (through the chat template when `chat`, default: when the model
-        has one), chat messages (the template), or token ids as they are."""
+    def prompt_text(self, prompt: Prompt, chat: bool | None = None) -> tuple[str, bool] | None:
+        """The text a prompt stands for and whether encoding it adds special tokens (a chat template's
+        text carries its own): text (through the chat template when `chat`, default: when the model has
+        one), chat messages (the template); None for token ids, which stand as they are."""
         if isinstance(prompt, str):
             use_chat = self.has_chat_template if chat is None else chat
             if use_chat:
-                return self.encode(self.chat_prompt([{"role": "user", "content": prompt}]), add_special_tokens=False)
-            return self.encode(prompt)
+                return self.chat_prompt([{"role": "user", "content": prompt}]), False
+            return prompt, True
         items = list(prompt)
         if items and isinstance(items[0], dict):
             if not self.has_chat_template:
                 raise ValueError("This model has no chat template: send plain text for completion instead of "
                                  "chat messages.")
-            return self.encode(self.chat_prompt(items), add_special_tokens=False)
-        return [int(t) for t in items]
+            return self.chat_prompt(items), False
+        return None
+
+    def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt (prompt_text's rules). The paged engine's own encode_prompt adds the reuse
+        of a finished request's ids for a chat's next turn (the prefix cache's keys)."""
+        rendered = self.prompt_text(prompt, chat)
+        if rendered is None:
+            return [int(t) for t in prompt]
+        text, special = rendered
+        return self.encode(text, add_special_tokens=special)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True) if ids else ""

@@ -39,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
                    help="requests that may wait behind the running ones; more are answered 429 at once")
     s.add_argument("--max-running", type=_positive, default=DEFAULT_MAX_RUNNING,
                    help="requests the engine runs in the same steps (its max_num_seqs)")
+    s.add_argument("--prefix-caching", choices=["on", "off"], default="on",
+                   help="reuse the KV of a conversation's earlier turns (docs/batching.md, \"Prefix caching\")")
     s.set_defaults(func=lambda args: cmd_serve(args, resolve_models))
 
 
@@ -58,7 +60,8 @@ def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Names
         print(f"Loading {target.name}" + (f" + {draft.name}" if draft else " (no draft)") + f" on {args.device}…",
               file=sys.stderr, flush=True)
         pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision,
-                                        scheduler=SchedulerConfig(max_num_seqs=args.max_running))
+                                        scheduler=SchedulerConfig(max_num_seqs=args.max_running,
+                                                                  prefix_caching=args.prefix_caching == "on"))
         model = served_model(str(target), pipe.draft_name)
     except BaseException:
         sock.close()

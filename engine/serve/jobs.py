@@ -37,7 +37,7 @@ class Delta:
 @dataclass
 class Done:
     finish_reason: str  # OpenAI's: stop | length (cancelled requests have nobody to tell)
-    usage: dict[str, int]
+    usage: dict[str, Any]
     speculative: dict[str, Any]
 
 
@@ -76,6 +76,7 @@ class Job:
     config: GenerationConfig | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, found in the prefix cache (OpenAI's prompt_tokens_details)
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -111,14 +112,23 @@ class Job:
         if self.request.model != model.id:
             raise model_not_found(self.request.model, model.id)
         req = self.request
+        prompt: Any
         if isinstance(req, ChatCompletionRequest):
-            ids, param = model.encode_chat(chat_messages(req)), "messages"
+            prompt, param = chat_messages(req), "messages"
+            # The engine's own encoding: a conversation that continues an earlier reply reuses the ids
+            # that reply generated, so the prefix cache finds them (engine/conversation.py).
+            encode = getattr(engine, "encode_prompt", None)
+            if encode is None or not model.tokenizer.has_chat_template:
+                ids = prompt = model.encode_chat(prompt)  # 400 when the model has no chat template
+            else:
+                ids = encode(prompt, True)
         else:
             ids, param = model.encode_text(completion_prompt(req)), "prompt"
+            prompt = ids
         budget = model.check_context(len(ids), requested_max_tokens(req), param)
         config = generation_config(req, budget)
         try:
-            rid = engine.add_request(ids, config)
+            rid = engine.add_request(prompt, config, chat=True) if prompt is not ids else engine.add_request(ids, config)
         except ValueError as exc:
             raise from_value_error(exc, FIELD_NAMES) from exc
         self.rid, self.model, self.config, self.prompt_tokens = rid, model, config, len(ids)
@@ -151,6 +161,7 @@ class Job:
             self.send(Delta(text, tokens, logprobs))
 
     def on_finished(self, reason: str, metrics: Any) -> None:
+        self.cached_tokens = int(getattr(metrics, "cached_tokens", 0) or 0)
         self.finish_reason = _FINISH.get(reason, reason)
         self.t_end = time.perf_counter()
         self.state = "cancelled" if reason == "cancelled" else "done"
@@ -169,9 +180,10 @@ class Job:
             self.tracker.job_ended(self)
         self.send(Failed(error))
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def _logprob(self, token: int, logprob: float) -> dict[str, Any]:
         m = self.model

@@ -24,7 +24,8 @@ class Engine(Protocol):
     """The engine calls the server makes (engine.pipeline.SpeculativePipeline has them); the lead points
     this at engine/api.Engine once that lands."""
 
-    def add_request(self, prompt: Sequence[int], config=None, chat: bool | None = None) -> int: ...
+    def add_request(self, prompt: Sequence[int] | Sequence[dict[str, str]], config=None,
+                    chat: bool | None = None) -> int: ...
 
     def step(self) -> list[StepEvent]: ...
 

@@ -10,13 +10,13 @@ from PySide6.QtWidgets import QMessageBox
 from app.models import catalog_actions
 from app.models.pickers import ModelPanel
 from engine.catalog import QWEN_CODER
-from engine.prepare import write_marker
+from engine.markers import write_marker
 
 # What `prepare --model NAME` leaves, written by a stand-in command (argv ends with --model NAME).
 FAKE_PREPARE = """\
 import sys
 from engine import catalog
-from engine.prepare import write_marker
+from engine.markers import write_marker
 entry = catalog.get(sys.argv[sys.argv.index('--model') + 1])
 target = entry.target_dir()
 target.mkdir(parents=True)

@@ -449,7 +449,7 @@ def test_real_refused_setting_in_one_does_not_disturb_the_other(make_window, qtb
     reply_a = w.current.messages[-1]
     w.new_conversation()
     conv_b = w.current
-    w.gen_panel.max_new_tokens.setValue(30000)
+    w.gen_panel.max_new_tokens.setValue(2000)  # inside the 4,096-token context, past the 16-block cache
     with qtbot.waitSignal(w.controller.failed, timeout=60000) as b:
         assert w.send("far too long a reply")
         inst.go.set()

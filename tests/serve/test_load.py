@@ -81,7 +81,7 @@ def test_load_8_threads_x_4_requests(served, reference, capsys):
 def test_load_on_the_embedded_model(capsys):
     """The same load on SmolLM2 with its best shipped draft: the aggregate tok/s in docs/serving.md."""
     from engine.paths import best_draft_dir, default_target_dir
-    from engine.prepare import is_prepared
+    from engine.markers import is_prepared
     from serve_helpers import start_server
 
     if not is_prepared(default_target_dir()) or best_draft_dir() is None:

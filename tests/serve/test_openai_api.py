@@ -243,3 +243,28 @@ def test_binding_beyond_loopback_needs_a_key(capsys):
         check_bind("0.0.0.0", None)
     assert main(["serve", "--host", "0.0.0.0", "--target", "/nonexistent", "--draft", "none"]) == 2
     assert "Refusing to listen on 0.0.0.0 without an API key" in capsys.readouterr().err
+
+
+def test_a_next_chat_turn_reuses_the_generated_ids_from_the_prefix_cache(tiny_qwen3_target, tiny_draft, reference):
+    """A client resends the whole conversation: the server hands the engine the messages, so the second
+    turn matches the first reply's generated ids in the prefix cache, and the answer stays the target's."""
+    from engine.scheduler import SchedulerConfig
+
+    from serve_helpers import start_server
+
+    s = start_server(tiny_qwen3_target, tiny_draft, scheduler=SchedulerConfig(prefix_caching=True))
+    try:
+        client = s.client()
+        first = client.chat.completions.create(model=s.model_id, messages=MESSAGES, temperature=0, max_tokens=40)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        turn2 = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
+                            {"role": "user", "content": TRAIN_PROMPTS[1]}]
+        second = client.chat.completions.create(model=s.model_id, messages=turn2, temperature=0, max_tokens=24)
+        # the target alone answers both turns too, so its second prompt is built from its own reply's ids
+        assert reference.generate(MESSAGES, GenerationConfig(max_new_tokens=40)).text == first.choices[0].message.content
+        solo = reference.generate(turn2, GenerationConfig(max_new_tokens=24))
+        assert second.choices[0].message.content == solo.text
+        assert second.usage.prompt_tokens == solo.metrics.prompt_tokens
+        assert second.usage.prompt_tokens_details.cached_tokens >= 16  # at least one full block of turn one
+    finally:
+        s.stop()

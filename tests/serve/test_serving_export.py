@@ -92,7 +92,7 @@ def test_refusals_say_what_to_pass(tmp_path, tiny_qwen3_hf, tiny_llama_hf, tiny_
 def test_shipped_dspark_and_dflash2_round_trip(tmp_path, name, arch):
     from engine.export.serving import RESOURCES_DRAFTS, resolve_target
     from engine.paths import default_target_dir
-    from engine.prepare import is_prepared
+    from engine.markers import is_prepared
 
     if not is_prepared(default_target_dir()):
         pytest.skip("the embedded default is not prepared (dflash-studio prepare)")

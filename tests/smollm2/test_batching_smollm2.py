@@ -1,7 +1,7 @@
 """SmolLM2 (the embedded default) with its shipped default draft under continuous batching: real
 prompts arriving at different steps, a small token budget that splits validation windows, and a
-KV cache small enough to preempt; each request's greedy output equals its output alone (f32: exact
-inference, see test_smollm2_exact.py)."""
+KV cache small enough to preempt; each request's greedy output equals its output alone, at both
+shipped precisions (rows do not depend on their neighbours: docs/engine.md "Row invariance")."""
 from __future__ import annotations
 
 import copy
@@ -12,6 +12,7 @@ import pytest
 
 from engine.config import GenerationConfig
 from engine.models.draft import read_draft_info
+from engine.models.properties import PRECISIONS
 from engine.pipeline import SpeculativePipeline
 from engine.scheduler import SchedulerConfig
 
@@ -39,9 +40,14 @@ def default_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
                         weight_format=DRAFT_WEIGHT_FORMAT)
 
 
+@pytest.fixture(scope="module", params=PRECISIONS)
+def precision(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def solo(smollm2_target: Path, default_draft: Path) -> list[list[int]]:
-    alone = SpeculativePipeline.load(smollm2_target, default_draft, precision="f32")
+def solo(smollm2_target: Path, default_draft: Path, precision: str) -> list[list[int]]:
+    alone = SpeculativePipeline.load(smollm2_target, default_draft, precision=precision)
     return [alone.generate(p, CONFIG).token_ids for p in PROMPTS]
 
 
@@ -64,14 +70,15 @@ def _run(pipe: SpeculativePipeline, arrivals: list[int]):
     return rids, steps, events, emitted_at_arrival
 
 
-def test_staggered_requests_with_small_budget_equal_solo(smollm2_target: Path, default_draft: Path, solo) -> None:
+def test_staggered_requests_with_small_budget_equal_solo(smollm2_target: Path, default_draft: Path, solo,
+                                                        precision: str) -> None:
     # One row short of a full validation window (1 + the draft's default candidates): every full window is
     # split, whatever the draft accepts. (A budget of 6, less than two windows, split only while two requests
     # decoded at once, which depends on how fast the draft finishes each request.)
     window = 1 + read_draft_info(default_draft).default_candidates  # what the pipeline drafts when unset
     budget = window - 1
     assert budget >= 2
-    pipe = SpeculativePipeline.load(smollm2_target, default_draft, precision="f32",
+    pipe = SpeculativePipeline.load(smollm2_target, default_draft, precision=precision,
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget))
     rids, steps, events, emitted = _run(pipe, [0, 3, 12, 20])
     for rid, want, prompt in zip(rids, solo, PROMPTS):
@@ -85,15 +92,16 @@ def test_staggered_requests_with_small_budget_equal_solo(smollm2_target: Path, d
     assert pipe.kv_stats()["used_blocks"] == 0
 
 
-def test_small_kv_cache_preempts_and_equals_solo(smollm2_target: Path, default_draft: Path, solo) -> None:
-    probe = SpeculativePipeline.load(smollm2_target, default_draft, precision="f32")
+def test_small_kv_cache_preempts_and_equals_solo(smollm2_target: Path, default_draft: Path, solo,
+                                                 precision: str) -> None:
+    probe = SpeculativePipeline.load(smollm2_target, default_draft, precision=precision)
     bs = probe.kv_stats()["block_size"]
     need = [math.ceil((len(probe.encode_prompt(p)) + CONFIG.max_new_tokens + probe.default_num_candidates + 1) / bs)
             for p in PROMPTS]
     del probe
     sched = SchedulerConfig(num_kv_blocks=max(need) + 1)
     assert sched.num_kv_blocks < sum(need)
-    pipe = SpeculativePipeline.load(smollm2_target, default_draft, precision="f32", scheduler=sched)
+    pipe = SpeculativePipeline.load(smollm2_target, default_draft, precision=precision, scheduler=sched)
     rids, steps, _, _ = _run(pipe, [0, 0, 0, 0])
     for rid, want, prompt in zip(rids, solo, PROMPTS):
         assert pipe.result(rid).token_ids == want, f"{prompt!r} diverged from its solo output after preemption"

@@ -3,14 +3,15 @@
 The installed app has no torch/transformers/optimum, so it cannot run `engine.prepare` (GGUF ->
 HF -> OpenVINO IR). Instead the bundle carries the finished IR folder that `dflash-studio prepare`
 built at bundle-build time (SmolLM2-135M-Instruct, int8, with its completion marker). Its
-`prepare` command copies that folder into the user data folder (engine.paths.default_target_dir),
-checks every file against the marker's sha256, and swaps it into place; from then on the app needs
-nothing but that folder, offline. A bundle built without the model (build.sh --no-default-model)
-says so and explains the other ways instead of failing obscurely.
+`prepare` command (and the first `generate` / `bench` without --target, and the app's "Prepare
+now") copies that folder into the user data folder (engine.paths.default_target_dir), checks every
+file against the marker's sha256, and swaps it into place; from then on nothing but that folder is
+needed, offline. A bundle built without the model (build.sh --no-default-model) says so and
+explains the other ways instead of failing obscurely.
 """
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 import shutil
 import sys
@@ -19,7 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from engine import paths
-from engine.prepare import MARKER, is_prepared
+from engine.errors import DFlashError, ModelFolderError
+from engine.paths import check_writable
+from engine.markers import MARKER, Notice, is_prepared, read_marker, set_aside_user_work
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], None]
 
@@ -49,7 +54,12 @@ def bundled_models_dir() -> Path:
     return Path(env) if env else bundle_root() / "models"
 
 
-class NotBundled(RuntimeError):
+def has_bundled_default() -> bool:
+    """Whether this install carries the embedded default model to copy (the finished IR and its marker)."""
+    return (bundled_models_dir() / paths.default_target_dir().name / MARKER).is_file()
+
+
+class NotBundled(DFlashError):
     pass
 
 
@@ -75,8 +85,8 @@ def _install_folder(src: Path, dest: Path, say: Progress, lo: float, hi: float, 
         if verify:
             say(f"Checking {dest.name} against its checksums", lo + (hi - lo) * 0.85)
             if not is_prepared(staging):
-                raise RuntimeError(f"the copy of {src} does not match its completion marker: the bundle is damaged; "
-                                   "reinstall DFlash Studio")
+                raise ModelFolderError(f"The copy of {src} does not match its completion marker: the bundle is "
+                                       "damaged; reinstall DFlash Studio.")
         from engine.export.target import swap_into_place
 
         swap_into_place(staging, dest)
@@ -84,8 +94,10 @@ def _install_folder(src: Path, dest: Path, say: Progress, lo: float, hi: float, 
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def install_default(force: bool = False, progress: Progress | None = None) -> Path:
-    """Make the embedded default target (and any bundled drafts) ready in the user data folder."""
+def install_default(force: bool = False, progress: Progress | None = None, notice: Notice | None = None) -> Path:
+    """Make the embedded default target (and any bundled drafts) ready in the user data folder.
+
+    A target folder holding files a person changed is moved aside first, as `prepare` does."""
     say = progress or (lambda _m, _f: None)
     target = paths.default_target_dir()
     src_root = bundled_models_dir()
@@ -96,7 +108,9 @@ def install_default(force: bool = False, progress: Progress | None = None) -> Pa
         return target
     if not (src / MARKER).is_file():
         raise NotBundled(NOT_BUNDLED.format(folder=paths.models_dir()))
+    check_writable(target.parent, "The models folder")
     say(f"Installing the bundled {target.name} into {target.parent}", 0.0)
+    set_aside_user_work(target, notice or log.warning)
     _install_folder(src, target, say, 0.0, 0.95, verify=True)
     _install_drafts(src_root, say)
     say(f"Prepared {target}", 1.0)
@@ -117,29 +131,6 @@ def _install_drafts(src_root: Path, say: Progress) -> None:
         shutil.copy2(best, dest / "best.txt")
 
 
-def prepare_main(argv: list[str]) -> int:
-    """`dflash-studio prepare` inside the bundle (same flags as the source CLI)."""
-    p = argparse.ArgumentParser(prog="dflash-studio prepare",
-                                description="Install the embedded default model into the user data folder.")
-    p.add_argument("--force", action="store_true", help="reinstall even if prepared")
-    p.add_argument("--weight-format", default="int8", choices=["int8", "fp16", "fp32"])
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
-    from engine.console import progress_printer
-    from engine.prepare import _read_marker
-
-    src_fmt = _read_marker(bundled_models_dir() / paths.default_target_dir().name).get("weight_format")
-    if src_fmt and args.weight_format != src_fmt:
-        print(f"dflash-studio: the installed app carries the default model as {src_fmt} only; other weight "
-              "formats need `dflash-studio prepare` from a source checkout (docs/installer.md).", file=sys.stderr)
-        return 2
-    try:
-        path = install_default(force=args.force, progress=progress_printer(args.quiet))
-    except NotBundled as exc:
-        print(str(exc), file=sys.stderr, flush=True)
-        return 2
-    except (OSError, RuntimeError) as exc:
-        print(f"\ndflash-studio: preparing failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    print(path, flush=True)
-    return 0
+def bundled_weight_format() -> str | None:
+    """The weight format of the bundled default model (the installed app carries only that one)."""
+    return read_marker(bundled_models_dir() / paths.default_target_dir().name).get("weight_format")
