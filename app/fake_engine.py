@@ -1,6 +1,6 @@
 """A stand-in for engine.pipeline.SpeculativePipeline that needs no model (tests, benchmark, demo).
 
-It follows the same contract (load / add_request / step / has_unfinished / cancel / metrics) and
+It follows the same contract (engine/api.py: describe / add_request / step / cancel / metrics / result) and
 emits engine.events.StepEvent objects, so the app cannot tell it apart from the real engine. Its
 "tokens" are words of a fixed text; which drafted words are accepted comes from a seeded random
 generator. It runs no model and holds no model math.
@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import GenerationConfig
+from engine.description import DraftDescription, EngineDescription
 from engine.errors import DFlashError
 from engine.events import StepEvent, StepTimings, TextPiece
+from engine.scheduler import StepStats
 
 SAMPLE_TEXT = (
     "Block speculative decoding lets a small draft propose a whole block of tokens at once. "
@@ -130,6 +132,7 @@ class FakePipeline:
         self.prompts: list[object] = []  # what add_request received (tests look at it)
         self.configs: list[GenerationConfig] = []
         self.step_calls = 0
+        self.last_step = StepStats()
         self.thread_ids: set[int] = set()  # threads the engine was called from (must be one)
 
     @classmethod
@@ -138,7 +141,14 @@ class FakePipeline:
             raise DFlashError(f"Target folder {target_dir} does not exist.")
         return cls(target_dir, draft_dir, device, **kw)
 
-    # -- the SpeculativePipeline contract --------------------------------------------------------
+    # -- the engine API (engine/api.py) -------------------------------------------------------------
+    def describe(self) -> EngineDescription:
+        info = self.draft.info if self.draft is not None else None
+        draft = None if info is None else DraftDescription(
+            info.name, info.variant, self.block_size, info.max_candidates, self.default_num_candidates, info.has_head,
+            info.default_top_k, info.has_confidence)
+        return EngineDescription(self.target_name, self.device, "default", "fake", draft, None, self.has_chat_template)
+
     def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
         """Word positions stand in for token ids (the fake's tokens are words of its text)."""
         if isinstance(prompt, str):
@@ -187,6 +197,7 @@ class FakePipeline:
             raise RuntimeError("fake engine failure: the target's infer request raised")
         out: list[StepEvent] = []
         n_committed = 0
+        self.last_step = StepStats(requests=[r.rid for r in self._requests.values() if not r.finished and not r.cancelled])
         for r in list(self._requests.values()):
             if r.finished:
                 continue
@@ -201,6 +212,7 @@ class FakePipeline:
             n_committed += len(ev.tokens)
             out.append(ev)
         self._pace(n_committed)
+        self.last_step.tokens = n_committed
         return out
 
     def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> FakeResult:
@@ -217,6 +229,11 @@ class FakePipeline:
                     if on_event is not None and on_event(ev):
                         self.cancel(rid)
         return FakeResult("".join(text), tokens, r.finish_reason, self.metrics(rid))
+
+    def result(self, request_id: int) -> FakeResult:
+        r = self._requests[request_id]
+        return FakeResult("".join(r.words[: r.produced]), list(range(r.produced)), r.finish_reason,
+                          self.metrics(request_id))
 
     def metrics(self, request_id: int) -> FakeMetrics:
         r = self._requests[request_id]

@@ -118,9 +118,6 @@ class ElidedLabel(QLabel):
         self.setToolTip(text)
         self._elide()
 
-    def full_text(self) -> str:
-        return self._full
-
     def resizeEvent(self, e) -> None:  # noqa: N802
         super().resizeEvent(e)
         self._elide()

@@ -330,12 +330,6 @@ class EngineWorker(QObject):
         self._info = info
         self.loaded.emit(info)
 
-    @Slot(object)
-    def do_generate(self, req: GenerateRequest) -> None:
-        """Queue one request and serve it (with whatever else is live) until nothing is live."""
-        self.enqueue(req, self._epochs_done)
-        self.pump()
-
     @Slot()
     def pump(self) -> None:
         """Serve every live request, one engine step at a time, taking queued requests in between

@@ -1,5 +1,8 @@
-"""`dflash-studio` command line: gui, generate, bench, row-invariance, export, prepare,
-draft-vocab, train-draft, serve, devices.
+"""The engine's command line: generate, bench, row-invariance, export, prepare, draft-vocab,
+train-draft, serve, devices.
+
+`dflash-studio` (the launcher, dflash_studio/) opens the desktop app for no subcommand or `gui`,
+and runs this for everything else; engine/ itself never imports the app.
 
 Every expected failure (bad input, a bad or unreadable file, a folder that cannot be written) ends
 in `main`'s one error boundary: a short message that says what is wrong and what to do, exit code
@@ -17,34 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from engine import __version__
+from engine.console import end_line, progress_printer, say
 from engine.errors import DFlashError, DraftMismatchError
-
-_line_open = False  # a progress line is drawn on stderr without its newline yet
-
-
-def _progress_printer(quiet: bool = False):
-    """A progress callback that draws one updating line on stderr."""
-    def show(message: str, fraction: float | None = None) -> None:
-        global _line_open
-        if quiet:
-            return
-        bar = ""
-        if fraction is not None:
-            filled = int(max(0.0, min(1.0, fraction)) * 30)
-            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}% "
-        print(f"\r{bar}{message[:80]:<80}", end="", file=sys.stderr, flush=True)
-        _line_open = True
-        if fraction is not None and fraction >= 1.0:
-            print(file=sys.stderr)
-            _line_open = False
-    return show
-
-
-def _say(message: str) -> None:
-    """A line the person should read (a folder moved aside, a file kept), on stderr, not under a progress bar."""
-    global _line_open
-    print(("\n" if _line_open else "") + f"dflash-studio: {message}", file=sys.stderr, flush=True)
-    _line_open = False
 
 
 @contextlib.contextmanager
@@ -75,6 +52,7 @@ def _device_name(text: str) -> str:
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """(target, draft) for generate and serve: the catalogue's first draft when --draft is not given."""
     from engine.catalog import resolve_models
 
     if not args.target:
@@ -95,14 +73,14 @@ def _install_bundled_default() -> None:
     from engine.bundled import has_bundled_default, install_default
 
     if has_bundled_default():
-        _say(f"First run: installing the bundled default model into {target.parent} (once).")
-        install_default(progress=_progress_printer(), notice=_say)
+        say(f"First run: installing the bundled default model into {target.parent} (once).")
+        install_default(progress=progress_printer(), notice=say)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.api import load_engine
     from engine.config import GenerationConfig
     from engine.models.tokenizer import check_text
-    from engine.pipeline import SpeculativePipeline
     from engine.scheduler import SchedulerConfig
 
     check_text(args.prompt)  # the prompt and the settings before loading anything
@@ -118,7 +96,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on")
     if args.cache_size_mb is not None:
         scheduler.cache_size_mb = args.cache_size_mb
-    pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
+    pipe = load_engine(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
 
     def stream(event) -> None:
         if not args.json:
@@ -144,8 +122,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.model or args.remove or args.list or args.wheels or args.keep_intermediates:
         from engine.prepare_catalog import prepare_cli
 
-        return prepare_cli(args, _progress_printer(args.quiet))
-    progress = _progress_printer(args.quiet)
+        return prepare_cli(args, progress_printer(args.quiet))
+    progress = progress_printer(args.quiet)
     with _stdout_to_stderr():
         if getattr(sys, "frozen", False):
             from engine.bundled import bundled_weight_format, install_default
@@ -154,12 +132,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             if fmt and args.weight_format != fmt:
                 raise DFlashError(f"The installed app carries the default model as {fmt} only; other weight formats "
                                   "need `dflash-studio prepare` from a source checkout (docs/installer.md).")
-            path = install_default(force=args.force, progress=progress, notice=_say)
+            path = install_default(force=args.force, progress=progress, notice=say)
         else:
             from engine.prepare import prepare_default
 
             path = prepare_default(force=args.force, weight_format=args.weight_format, progress=progress,
-                                   notice=_say)
+                                   notice=say)
     print(path, flush=True)
     return 0
 
@@ -181,7 +159,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise DFlashError(f"{args.input} holds a {info.model_kind} ({info.title}), not a {args.kind}: pass "
                           f"--kind {info.model_kind}.")
     check_writable(Path(args.output).absolute().parent, "The output's parent folder")
-    show = _progress_printer()
+    show = progress_printer()
     if args.kind == "target":
         from engine.export.target import export_target
 
@@ -233,7 +211,7 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
     print(f"{record['size']} ids, coverage {record['coverage']:.4f}"
           + (f", held-out coverage {record['heldout_coverage']:.4f}" if "heldout_coverage" in record else ""))
     if kept:
-        _say(f"{draft / VOCAB_FILE} is recorded as yours: `dflash-studio prepare` keeps it.")
+        say(f"{draft / VOCAB_FILE} is recorded as yours: `dflash-studio prepare` keeps it.")
     return 0
 
 
@@ -251,7 +229,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench.runner import run_cli
+    from engine.bench.cli import run_cli
     from engine.models.draft import check_draft_fits
     from engine.paths import check_writable
 
@@ -277,14 +255,9 @@ def cmd_row_invariance(args: argparse.Namespace) -> int:
     return run_cli(args, target)
 
 
-def cmd_gui(args: argparse.Namespace) -> int:
-    from app.__main__ import main as gui_main
-
-    return gui_main(args.qt_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dflash-studio {__version__}")
     sub = p.add_subparsers(dest="command")
 
@@ -336,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark this engine against openvino_genai on the same IR")
     model_args(b, several_drafts=True)
-    from engine.bench.runner import add_bench_args
+    from engine.bench.cli import add_bench_args
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
@@ -414,22 +387,21 @@ def describe_error(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global _line_open
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:
         print(f"dflash-studio {__version__}")
         return 0
-    if not argv or argv[0] == "gui" or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        # The app parses its own options (--target, --draft, --device, ...) and leaves the rest to Qt.
-        return cmd_gui(argparse.Namespace(qt_args=argv[1:] if argv and argv[0] == "gui" else argv))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not argv or argv[0] == "gui":
+        parser.error("the desktop app opens through the launcher: run `dflash-studio` (or `python -m dflash_studio`)")
+    args = parser.parse_args(argv)
     if getattr(args, "weight_format", "x") is None:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:
         return args.func(args)
     except (DFlashError, ValueError, OSError) as exc:  # the one boundary: bad input and bad files, never bugs
-        print(("\n" if _line_open else "") + f"dflash-studio: {describe_error(exc)}", file=sys.stderr, flush=True)
-        _line_open = False
+        end_line()
+        print(f"dflash-studio: {describe_error(exc)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,12 +1,11 @@
 """How many candidates the requests of a batched step draft: always the full count, or adaptively.
 
 With one request in flight a window of 1 + n rows costs the target little more than one row, so
-drafting pays (1.8x on HumanEval). With many in flight the CPU's cost grows with the rows: at 8
-requests a full window of 8 candidates costs more than its accepted tokens save (the round-7 DSpark
-draft at n=8: 0.81x of the target alone; docs/benchmarks.md, "Continuous batching"). The adaptive
-policy picks,
-every step, one candidate count k for the windows that open in it, the one with the most expected
-tokens per millisecond, from three online estimates:
+drafting the full count pays. With many in flight the CPU's cost grows with the rows, and a full
+window per request can cost more than its accepted tokens save (docs/benchmarks.md, "Continuous
+batching", has the measurements). The adaptive policy picks, every step, one candidate count k for
+the windows that open in it, the one with the most expected tokens per millisecond, from three
+online estimates:
 
 * the target's milliseconds by rows in the step (`CostTable`: a fixed part plus a cost per row,
   fitted to the median recent times of the nearest row counts this pipeline ran, so one slow step

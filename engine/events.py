@@ -1,7 +1,12 @@
-"""The contract between the engine and its consumers (CLI, app, bench): one event per target step."""
+"""The contract between the engine and its consumers (CLI, app, bench): one event per target step,
+one result per finished request."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.metrics import RequestMetrics
 
 
 @dataclass
@@ -54,3 +59,14 @@ class StepEvent:
     @property
     def text(self) -> str:
         return "".join(p.text for p in self.pieces)
+
+
+@dataclass
+class GenerationResult:
+    """One finished request: its text, tokens, why it ended and its metrics (what generate() returns)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    cumulative_logprob: float | None = None  # under the processed target distribution (logits requests)

@@ -17,34 +17,42 @@ import numpy as np
 
 from engine.config import GenerationConfig
 from engine.errors import DeviceError
-from engine.events import StepEvent, StepTimings
+from engine.description import EngineDescription
+from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.metrics import RequestMetrics
 from engine.models.properties import compile_properties
 from engine.models.target import check_target_dir
-from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.scheduler import StepStats
 
 _END = object()
+_KEEP_FINISHED = 256
 
 
-def _genai_config(cfg: GenerationConfig):
+def genai_generation_config(cfg: GenerationConfig, base=None, num_assistant_tokens: int | None = None):
+    """`cfg` in openvino_genai's terms: the one translation (the NPU path and the bench's peers use it).
+
+    `base` is the config to fill (a pipeline's own get_config(), so its EOS ids from the model folder
+    stay); default a fresh one. `num_assistant_tokens` only for a pipeline with a draft. top_k=0 means
+    "off" here and is left at openvino_genai's default (no limit)."""
     import openvino_genai as ov_genai
 
-    if cfg.min_p:
-        raise ValueError("min_p is not available for the target alone on NPU (openvino_genai has no min-p); "
-                         "set min_p=0 or choose CPU/GPU.")
-    g = ov_genai.GenerationConfig()
+    g = ov_genai.GenerationConfig() if base is None else base
     g.max_new_tokens = cfg.max_new_tokens
     g.min_new_tokens = cfg.min_new_tokens
     g.do_sample = cfg.do_sample
     if cfg.do_sample:
-        g.temperature, g.top_k, g.top_p = cfg.temperature, cfg.top_k, cfg.top_p
+        g.temperature, g.top_p, g.min_p = cfg.temperature, cfg.top_p, cfg.min_p
+        if cfg.top_k:
+            g.top_k = cfg.top_k
         if cfg.rng_seed is not None:
             g.rng_seed = cfg.rng_seed
     g.repetition_penalty = cfg.repetition_penalty
     g.presence_penalty = cfg.presence_penalty
     g.frequency_penalty = cfg.frequency_penalty
     g.ignore_eos = cfg.ignore_eos
+    if num_assistant_tokens is not None:
+        g.num_assistant_tokens = num_assistant_tokens
     if cfg.stop_token_ids:
         g.stop_token_ids = set(cfg.stop_token_ids)
     if cfg.stop_strings:
@@ -66,6 +74,7 @@ class GenAITargetPipeline:
         check_target_dir(target_dir)
         self.folder = Path(target_dir)
         self.device = device
+        self.precision = precision
         props = compile_properties(device, precision)
         props.pop("PERFORMANCE_HINT", None)
         try:
@@ -78,6 +87,7 @@ class GenAITargetPipeline:
         self._queue: deque[tuple[int, list[int], GenerationConfig]] = deque()
         self._active: dict | None = None
         self._metrics: dict[int, RequestMetrics] = {}
+        self._results: dict[int, GenerationResult] = {}
         self._cancelled: list[int] = []  # queued requests cancelled before they started
         self._next_id = 0
         self.last_step = StepStats()
@@ -90,26 +100,19 @@ class GenAITargetPipeline:
     def has_chat_template(self) -> bool:
         return self.tokenizer.has_chat_template
 
-    def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
-        """The paged pipeline's rules (text: the chat template when the model has one; messages; ids), without
-        its prefix-cache mapping: this path keeps no finished requests to extend."""
-        if isinstance(prompt, str):
-            use_chat = self.has_chat_template if chat is None else chat
-            if use_chat:
-                return self.tokenizer.encode(self.tokenizer.chat_prompt([{"role": "user", "content": prompt}]),
-                                             add_special_tokens=False)
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        items = list(prompt)
-        if items and isinstance(items[0], dict):
-            if not self.has_chat_template:
-                raise ValueError("This model has no chat template: send plain text for completion instead of "
-                                 "chat messages.")
-            return self.tokenizer.encode(self.tokenizer.chat_prompt(items), add_special_tokens=False)
-        return [int(t) for t in items]
+    def describe(self) -> EngineDescription:
+        return EngineDescription(self.target_name, self.device, self.precision, "openvino_genai", None, self.folder,
+                                 self.has_chat_template)
 
-    def add_request(self, prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
+    def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        return self.tokenizer.encode_prompt(prompt, chat)
+
+    def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
-        genai_config = _genai_config(config)
+        if config.min_p:
+            raise ValueError("min_p is not available for the target alone on NPU (openvino_genai has no min-p); "
+                             "set min_p=0 or choose CPU/GPU.")
+        genai_config = genai_generation_config(config)
         ids = self.encode_prompt(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
@@ -168,6 +171,8 @@ class GenAITargetPipeline:
         if self._cancelled:
             gone, self._cancelled = self._cancelled, []
             self.last_step = StepStats()
+            for rid in gone:
+                self._keep(GenerationResult("", [], "cancelled", self._metrics[rid]), rid)
             return [StepEvent(rid, 0, finished=True, finish_reason="cancelled") for rid in gone]
         if self._active is None:
             if not self._queue:
@@ -189,6 +194,7 @@ class GenAITargetPipeline:
                               produced=1 if reason == "eos" else 0)
             if reason == "eos":  # the step that produced the EOS is a target step, like the engine counts it
                 metrics.record(event)
+            self._keep(GenerationResult(a["detok"].text, list(a["detok"].ids), reason, metrics), a["id"])
             return [event]
         if item in a["eos"]:
             return self.step()  # the end arrives next
@@ -205,17 +211,21 @@ class GenAITargetPipeline:
         metrics.record(event)
         return [event]
 
-    def generate(self, prompt, config: GenerationConfig | None = None, chat: bool | None = None, on_event=None):
-        from engine.pipeline import GenerationResult
+    def _keep(self, result: GenerationResult, rid: int) -> None:
+        """Results of the latest finished requests (as many as the engine keeps)."""
+        self._results[rid] = result
+        while len(self._results) > _KEEP_FINISHED:
+            self._results.pop(next(iter(self._results)))
 
+    def result(self, request_id: int) -> GenerationResult:
+        return self._results[request_id]
+
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None,
+                 on_event=None) -> GenerationResult:
+        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
         rid = self.add_request(prompt, config, chat)
-        ids: list[int] = []
-        text = ""
-        while True:
+        while rid not in self._results:
             for event in self.step():
-                ids += event.tokens
-                text += event.text
-                if on_event is not None and on_event(event):
+                if event.request_id == rid and on_event is not None and on_event(event):
                     self.cancel(rid)
-                if event.finished:
-                    return GenerationResult(text, ids, event.finish_reason or "", self._metrics[rid])
+        return self.result(rid)

@@ -21,7 +21,8 @@ from engine.context import check_fits_context, context_length, fit_chat
 from engine.conversation import extend_ids
 from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
-from engine.events import StepEvent, StepTimings, TextPiece
+from engine.description import DraftDescription, EngineDescription
+from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.draft_policy import make_policy
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
@@ -31,25 +32,16 @@ from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.files import openvino_reason
 from engine.models.properties import compile_properties, pads_single_rows
 from engine.models.paged_target import PagedTarget, SeqChunk
-from engine.models.target import check_target_dir
+from engine.models.folders import read_target_folder
 from engine.prefix_cache import DraftPart, PrefixCache, chain_hashes
 from engine.scheduler import SchedulerConfig, StepStats, plan_rows
-from engine.models.tokenizer import IncrementalDetokenizer, TextTokenizer
+from engine.stop_strings import StopStrings
+from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor, needs_logits
-from engine.sampling.rejection import verify, verify_greedy
+from engine.sampling.rejection import verify_window
 
-Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 _KEEP_FINISHED = 256
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: RequestMetrics
-    cumulative_logprob: float | None = None  # under the processed target distribution (logits requests)
 
 
 @dataclass
@@ -91,8 +83,7 @@ class _Request:
     proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
     confidence: list[float] | None = None
     context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
-    shown: int = 0  # characters of detok.text sent in events
-    held: list[TextPiece] = field(default_factory=list)  # decoded text that may be the start of a stop string
+    stops: StopStrings = field(default_factory=lambda: StopStrings(()))  # decoded text not shown yet
     t_first: float = 0.0
     finish_reason: str | None = None
     cancel_requested: bool = False
@@ -158,28 +149,30 @@ class SpeculativePipeline:
         core = core or ov.Core()
         target_dir = Path(target_dir)
         device = device.strip().upper()  # OpenVINO's names are upper case; "cpu" means CPU
-        check_target_dir(target_dir)
         scheduler = (scheduler or SchedulerConfig()).validate()
         if device.upper().startswith("NPU"):
             if draft_dir is not None:
                 raise DeviceError(f"{device}: {NPU_NOTICE}")
+            # engine.api.load_engine is the loader that picks this path; this branch stays only until the
+            # app's worker loads through it (issue 21, phase 2).
             from engine.genai_target import GenAITargetPipeline
 
             return GenAITargetPipeline(target_dir, device, precision)  # the target alone, via openvino_genai
+        folder = read_target_folder(target_dir, core)  # checked and read once; the loaders below share it
         props = compile_properties(device, precision)
         taps = None
         info = None
         if draft_dir is not None:
             info = read_draft_info(Path(draft_dir), core)
-            reasons = check_draft_fits(target_dir, Path(draft_dir), core)
+            reasons = check_draft_fits(folder, info, core)
             if reasons:
                 raise DraftMismatchError(f"Draft {Path(draft_dir).name} does not fit target {target_dir.name}:\n- "
                                          + "\n- ".join(reasons))
             taps = info.target_layer_ids
         try:
-            target = PagedTarget(target_dir, core, device, props, taps, scheduler.num_kv_blocks,
+            target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
                                  scheduler.cache_size_mb, pad_single_rows=pads_single_rows(device))
-            draft = DraftModel(info, target_dir, core, device, props) if info else None
+            draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
                    "folders again" if device == "CPU" else "try CPU, or a smaller model / weight format for this device")
@@ -209,6 +202,15 @@ class SpeculativePipeline:
         return self.draft.info.default_candidates if self.draft else 0
 
     # ---- requests ---------------------------------------------------------------------------
+    def describe(self) -> EngineDescription:
+        info = self.draft.info if self.draft else None
+        draft = None if info is None else DraftDescription(
+            info.name, info.variant, info.block_size, info.max_candidates, info.default_candidates, info.has_head,
+            info.default_top_k, info.has_confidence, info.folder)
+        blocks = self.target.blocks
+        return EngineDescription(self.target_name, self.device, self.precision, "paged", draft, self.target.folder,
+                                 self.has_chat_template, blocks.num_blocks * blocks.block_size)
+
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: text (chat template when the model has one), messages, or ids. A prompt
         that continues a finished request's conversation reuses the ids that request saw and generated
@@ -216,21 +218,13 @@ class SpeculativePipeline:
         return self._encode(prompt, chat)[0]
 
     def _encode(self, prompt: Prompt, chat: bool | None) -> tuple[list[int], str | None]:
-        """(ids, the rendered text they stand for, None for ids given as such)."""
-        if isinstance(prompt, str):
-            use_chat = self.has_chat_template if chat is None else chat
-            if use_chat:
-                text = self.tokenizer.chat_prompt([{"role": "user", "content": prompt}])
-                return self._text_ids(text, False), text
-            return self._text_ids(prompt, True), prompt
-        items = list(prompt)
-        if items and isinstance(items[0], dict):
-            if not self.has_chat_template:
-                raise ValueError("This model has no chat template: send plain text for completion instead of "
-                                 "chat messages.")
-            text = self.tokenizer.chat_prompt(items)
-            return self._text_ids(text, False), text
-        return [int(t) for t in items], None
+        """(ids, the rendered text they stand for, None for ids given as such); the tokenizer's rules
+        (TextTokenizer.prompt_text), with a finished request's ids reused for the text they cover."""
+        rendered = self.tokenizer.prompt_text(prompt, chat)
+        if rendered is None:
+            return [int(t) for t in prompt], None
+        text, special = rendered
+        return self._text_ids(text, special), text
 
     def _text_ids(self, text: str, special: bool) -> list[int]:
         known = ((r.prompt_text + r.text, r.prompt_ids + r.token_ids) for r in reversed(self._finished.values())
@@ -293,6 +287,7 @@ class SpeculativePipeline:
             req.rng = np.random.default_rng(seed)
             req.draft_rng = np.random.default_rng([seed, 0xD4AF7])  # independent of the target's draws
         req.feed = list(ids)
+        req.stops = StopStrings(config.stop_strings, config.include_stop_str_in_output)
         self._waiting.append(req)
         return rid
 
@@ -379,7 +374,7 @@ class SpeculativePipeline:
         """One target inference for every scheduled request; one event per request that emitted or ended."""
         t0 = time.perf_counter()
         stats = self.last_step = StepStats()
-        events = [self._finish(r, StepEvent(r.id, r.steps, pieces=self._flush_held(r), finished=True,
+        events = [self._finish(r, StepEvent(r.id, r.steps, pieces=r.stops.flush(r.detok.text), finished=True,
                                             finish_reason="cancelled"))
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
@@ -597,12 +592,8 @@ class SpeculativePipeline:
         bonus = pos + rows == len(window)
         seg = window[pos + 1: pos + rows + 1]
         logprobs = None
-        if req.processor is None:
-            acc = 0
-            while acc < len(seg) and seg[acc] == post[acc]:
-                acc += 1
-            last = int(post[acc]) if acc < len(seg) or bonus else None
-        else:
+        p_row = None
+        if req.processor is not None:
             cache: dict[int, Dist] = {}
 
             def p_row(k: int) -> Dist:
@@ -610,13 +601,10 @@ class SpeculativePipeline:
                     cache[k] = req.processor.distribution(logits[k], seg[:k])
                 return cache[k]
 
-            if req.config.do_sample:
-                acc, last = verify(p_row, seg, req.proposals[pos: pos + len(seg)], req.rng, self.target.vocab_size,
-                                   bonus)
-            else:
-                acc, last = verify_greedy(p_row, seg, bonus)
+        proposals = req.proposals[pos: pos + len(seg)] if req.config.do_sample else None
+        acc, last = verify_window(seg, bonus, post, p_row, proposals, req.rng, self.target.vocab_size)
         tokens = seg[:acc] + ([last] if last is not None else [])
-        if req.processor is not None:
+        if p_row is not None:
             logprobs = [_log(p_row(k).prob(t)) for k, t in enumerate(tokens)]
         rejected = acc < len(seg)
         kept_rows = acc + 1 if rejected else rows
@@ -664,19 +652,11 @@ class SpeculativePipeline:
             req.cumulative_logprob += sum(logprobs)
         if req.processor is not None:
             req.processor.commit(tokens)
-        req.held.extend(req.detok.feed(tokens, accepted))
-        end = len(req.detok.text)
-        if cfg.stop_strings:
-            stop = _stop_string_end(req.detok.text, req.shown, cfg)
-            if stop is not None:
-                end, reason = stop, "stop"
-                req.detok.text = req.detok.text[:stop]
-            elif reason is None:
-                end -= _partial_stop(req.detok.text, req.shown, cfg.stop_strings)  # wait for the next token
-        pieces = _take_pieces(req.held, end - req.shown)
-        req.shown = end
-        if reason is not None:
-            req.held = []
+        decoded = req.detok.feed(tokens, accepted)
+        pieces, stop = req.stops.release(req.detok.text, decoded, reason is not None)
+        if stop is not None:
+            reason = "stop"
+            req.detok.text = req.detok.text[:stop]
         req.generated.extend(tokens)
         if tokens:
             req.anchor = tokens[-1]
@@ -690,12 +670,6 @@ class SpeculativePipeline:
                           logprobs=logprobs, produced=produced)
         req.steps += 1
         return event
-
-    @staticmethod
-    def _flush_held(req: _Request) -> list[TextPiece]:
-        """Text held back for a possible stop string, released when the request ends otherwise."""
-        pieces, req.held, req.shown = req.held, [], len(req.detok.text)
-        return pieces
 
     def _record(self, req: _Request, event: StepEvent) -> StepEvent:
         req.metrics.record(event)
@@ -733,39 +707,3 @@ class SpeculativePipeline:
 
 def _log(p: float) -> float:
     return float(np.log(p)) if p > 0.0 else -float("inf")
-
-
-def _stop_string_end(text: str, shown: int, cfg: GenerationConfig) -> int | None:
-    """Where the text ends if a stop string completed after `shown`, else None. Text that could begin
-    a stop string is never shown (`_partial_stop`), so a stop string always lies after `shown`."""
-    best: int | None = None
-    for s in cfg.stop_strings:
-        idx = text.find(s, shown)
-        if idx >= 0:
-            end = idx + len(s) if cfg.include_stop_str_in_output else idx
-            best = end if best is None else min(best, end)
-    return best
-
-
-def _partial_stop(text: str, shown: int, stop_strings: Sequence[str]) -> int:
-    """Length of the longest unshown tail of `text` that is the start of a stop string (held back)."""
-    tail = text[shown:]
-    for n in range(min(len(tail), max(map(len, stop_strings)) - 1), 0, -1):
-        if any(s.startswith(tail[-n:]) for s in stop_strings):
-            return n
-    return 0
-
-
-def _take_pieces(held: list[TextPiece], count: int) -> list[TextPiece]:
-    """Remove and return the first `count` characters of the held pieces."""
-    out: list[TextPiece] = []
-    while count > 0 and held:
-        p = held[0]
-        if len(p.text) <= count:
-            out.append(held.pop(0))
-            count -= len(p.text)
-        else:
-            out.append(TextPiece(p.text[:count], p.from_draft))
-            held[0] = TextPiece(p.text[count:], p.from_draft)
-            count = 0
-    return out

@@ -4,19 +4,21 @@
     dflash-studio --self-test [...]    offscreen self-test, JSON on stdout, exit 0 when it passes
     dflash-studio prepare [...]        install the bundled default model into the user data folder
                                        (engine/bundled.py; `generate` and `bench` do it too on first use)
-    dflash-studio generate|bench|devices|export|draft-vocab|gui ...   the engine CLI (engine/cli.py)
+    dflash-studio generate|bench|devices|export|draft-vocab|serve|row-invariance ...   the engine CLI
+    dflash-studio gui [...]            the desktop app, as with no subcommand
     dflash-studio -m engine.cli ARGS   the same (the app's "Prepare now" dialog runs this form)
     dflash-studio --version
 
 `export` is listed for completeness: it needs torch/optimum, which the bundle leaves out, and says so.
+Which words are subcommands and which open the app is the launcher's rule (dflash_studio/), the same
+as in a source checkout; this file adds only what the bundle does differently.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-CLI_COMMANDS = {"generate", "bench", "row-invariance", "export", "prepare", "draft-vocab", "devices", "gui", "serve",
-                "train-draft"}
+from dflash_studio import gui_args, wants_gui
 
 
 def _usable_streams() -> None:
@@ -61,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         return _cli(argv[2:])
     if argv[:2] == ["-m", "app"]:
         argv = argv[2:]
-    elif argv[:1] and argv[0] in CLI_COMMANDS:
+    elif not wants_gui(argv):
         return _cli(argv)
     from app.__main__ import main as gui_main
 
-    return gui_main(argv)
+    return gui_main(gui_args(argv))
 
 
 if __name__ == "__main__":

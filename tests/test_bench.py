@@ -1,4 +1,4 @@
-"""The bench runner (engine/bench/runner.py), shared by `dflash-studio bench` and the app's Compare tab.
+"""The bench runner (engine/bench/runner.py, one request at a time), shared by `dflash-studio bench` and the app's Compare tab.
 
 Fast tests drive it with the app's fake engine (no model); slow ones run the real engine on the
 tiny Qwen3 fixture and check the table against the engine's own per-request metrics from the
@@ -140,7 +140,7 @@ def test_bad_spec_names_the_setting(tmp_path):
 
 # ---- the real engine on the tiny fixtures (slow) -------------------------------------------------
 class _Recording:
-    """Wraps a SpeculativePipeline and keeps (config, result) of every generate the runner makes."""
+    """Wraps a SpeculativePipeline and keeps (draft, config, prompt, result) of every request the runner finishes."""
 
     def __init__(self, pipe, log):
         self._pipe = pipe
@@ -149,10 +149,13 @@ class _Recording:
     def __getattr__(self, name):
         return getattr(self._pipe, name)
 
-    def generate(self, prompt, config=None, chat=None, on_event=None):
-        res = self._pipe.generate(prompt, config, chat, on_event)
-        self._log.append((self._pipe.draft_name, config, list(prompt), res))
-        return res
+    def add_request(self, prompt, config=None, chat=None):
+        rid = self._pipe.add_request(prompt, config, chat)
+        self._log.append((self._pipe.draft_name, config, list(prompt), rid))
+        return rid
+
+    def results(self):
+        return [(d, c, ids, self._pipe.result(rid)) for d, c, ids, rid in self._log if d == self._pipe.draft_name]
 
 
 @pytest.mark.slow
@@ -161,9 +164,11 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
     from fixtures.tiny_drafts import TRAIN_PROMPTS
 
     log: list = []
+    pipes: list = []
 
     def loader(target, draft, device="CPU", precision="default"):
-        return _Recording(default_loader(target, draft, device, precision), log)
+        pipes.append(_Recording(default_loader(target, draft, device, precision), log))
+        return pipes[-1]
 
     prompts = _prompt_file(tmp_path, list(TRAIN_PROMPTS[:3]))
     draft = tiny_qwen3_drafts["b8_trained"]
@@ -176,7 +181,8 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
                      "b8_trained (dflash_v1) n=7 (this engine)", "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
     assert res.machine["openvino"] and "CPU" in res.machine["device"] and res.settings["precision"] == "f32"
     base = res.rows[0]
-    timed = [(d, c, ids, r) for d, c, ids, r in log if c.max_new_tokens == 24]  # not the warm-ups
+    finished = [x for p in pipes for x in p.results()]
+    timed = [(d, c, ids, r) for d, c, ids, r in finished if c.max_new_tokens == 24]  # not the warm-ups
     for row in res.rows:
         assert row.prompts == 3
         # f32 inference: every configuration writes exactly what the target alone writes.
@@ -194,9 +200,10 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
         assert row.tokens_per_step == pytest.approx(sum(m.decode_produced for m in ms) / sum(m.target_steps for m in ms))
         assert row.drafted == sum(m.drafted_total for m in ms) and row.accepted == sum(m.accepted_total for m in ms)
         assert row.draft_model_ms == pytest.approx(sum(sum(m.draft_model_ms) for m in ms))
-        # TPOT = (wall - TTFT) / (tokens - 1): never below the engine's own first-to-last-token time.
+        # TPOT = (wall - TTFT) / (tokens - 1), timed at the ends of the steps that gave the first and the last
+        # token: the engine's own first-to-last-token time, plus what those steps did after committing.
         engine_decode = sum(m.decode_ms for m in ms)
-        assert row.decode_ms >= engine_decode * 0.999
+        assert row.decode_ms >= engine_decode - 5.0 * len(ms)
         assert row.decode_ms <= engine_decode + sum(m.ttft_ms for m in ms) + 50.0 * len(ms)
     draft_rows = [r for r in res.rows if r.engine == "engine" and r.draft]
     assert all(r.acceptance_rate and r.acceptance_rate > 0.2 for r in draft_rows)  # trained on these prompts

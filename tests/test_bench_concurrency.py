@@ -1,4 +1,4 @@
-"""`dflash-studio bench --concurrency N ...` (engine/bench/concurrency.py): N requests in flight per level.
+"""`dflash-studio bench --concurrency N ...` (engine/bench/runner.py): N requests in flight per level.
 
 Fast tests drive the runner with the app's fake engine (which already advances every request in
 each step); slow ones run the real engine and openvino_genai.ContinuousBatchingPipeline on the tiny
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from app.fake_engine import fake_loader
-from engine.bench import concurrency as cc
-from engine.bench.concurrency import ConcurrencySpec, run_concurrency
-from engine.bench.runner import BenchSpec
+from dataclasses import replace
+
+from engine.bench import spec as cc
+from engine.bench.runner import BenchSpec, run_bench
 from engine.errors import DFlashError
 
 MACHINE = {"machine": "test machine", "device": "CPU (test)"}
@@ -60,12 +61,12 @@ class _Recording:
         return events
 
 
-def _spec(tmp_path, prompts=5, levels=(1, 2, 4), **kw) -> ConcurrencySpec:
+def _spec(tmp_path, prompts=5, levels=(1, 2, 4), **kw) -> BenchSpec:
     base = dict(target=tmp_path, drafts=[tmp_path / "d8"], dataset=str(_prompt_file(tmp_path, [
         f"prompt number {i} " * (i + 1) for i in range(prompts)])), prompts=None, max_new_tokens=20,
         genai_target=False, genai_dflash=False)
     base.update(kw)
-    return ConcurrencySpec(BenchSpec(**base), list(levels))
+    return BenchSpec(**base, concurrency=list(levels))
 
 
 # ---- the runner over the fake engine (fast) ---------------------------------------------------
@@ -77,7 +78,7 @@ def test_fake_rows_per_level_aggregate_and_tables(tmp_path):
         return _Recording(fake(target, draft, device=device, precision=precision), log)
 
     events = []
-    res = run_concurrency(_spec(tmp_path), progress=lambda m, f=None: events.append((m, f)), loader=loader,
+    res = run_bench(_spec(tmp_path), progress=lambda m, f=None: events.append((m, f)), loader=loader,
                           machine=MACHINE)
     assert not res.cancelled
     assert [(r.config, r.concurrency) for r in res.rows] == [
@@ -123,7 +124,7 @@ def test_fake_keeps_n_in_flight_and_refills(tmp_path):
         return _Recording(fake(target, draft, device=device, precision=precision), log)
 
     spec = _spec(tmp_path, prompts=7, levels=[3], drafts=[])
-    res = run_concurrency(spec, loader=loader, machine=MACHINE)
+    res = run_bench(spec, loader=loader, machine=MACHINE)
     (row,) = res.rows
     added = [a for a in log["added"] if a[1].max_new_tokens == 20]  # not the warm-up
     assert len(added) == 7 and row.prompts == 7
@@ -135,9 +136,9 @@ def test_fake_keeps_n_in_flight_and_refills(tmp_path):
 
 def test_concurrency_and_scheduler_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="concurrency=0"):
-        run_concurrency(_spec(tmp_path, levels=[0]), loader=fake_loader(), machine=MACHINE)
+        run_bench(_spec(tmp_path, levels=[0]), loader=fake_loader(), machine=MACHINE)
     with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
-        ConcurrencySpec(_spec(tmp_path).bench, [1], {"max_num_batched_tokens": 0}).validate()
+        replace(_spec(tmp_path), scheduler={"max_num_batched_tokens": 0}).validate()
     assert cc.make_scheduler({k: None for k in cc.SCHEDULER_FIELDS}) is None
     with pytest.raises(ValueError, match="max_num_seqs=0"):
         cc.make_scheduler({"max_num_seqs": 0})
@@ -154,7 +155,7 @@ def test_scheduler_options_reach_the_engine():
 
 def test_fake_cancel_keeps_finished_levels(tmp_path):
     said = []
-    res = run_concurrency(_spec(tmp_path, levels=[1, 2]), progress=lambda m, f=None: said.append(m),
+    res = run_bench(_spec(tmp_path, levels=[1, 2]), progress=lambda m, f=None: said.append(m),
                           cancel=lambda: any(m.startswith("N=2") for m in said), loader=fake_loader(), machine=MACHINE)
     assert res.cancelled and {r.concurrency for r in res.rows} == {1} and len(res.rows) == 2
     assert "(cancelled)" in res.markdown()
@@ -173,8 +174,8 @@ def test_real_engine_and_genai_cb_rows_tie_to_engine_results(tmp_path, tiny_qwen
 
     prompts = _prompt_file(tmp_path, list(TRAIN_PROMPTS[:4]))
     draft = tiny_qwen3_drafts["b8_trained"]
-    spec = ConcurrencySpec(BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 24, precision="f32",
-                                     genai_target=True, genai_dflash=False), [1, 2, 4])
+    spec = BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 24, precision="f32", genai_target=True,
+                     genai_dflash=False, concurrency=[1, 2, 4])
     pipes: dict = {}
 
     def keep(target, draft, device="CPU", precision="default"):
@@ -182,7 +183,7 @@ def test_real_engine_and_genai_cb_rows_tie_to_engine_results(tmp_path, tiny_qwen
         pipes[p.draft_name] = p
         return p
 
-    res = run_concurrency(spec, loader=keep)
+    res = run_bench(spec, loader=keep)
     names = ["target alone (this engine)", "target alone (openvino_genai CB)",
              "b8_trained (dflash_v1) n=7 (this engine)"]
     assert [(r.config, r.concurrency) for r in res.rows] == [(c, n) for n in (1, 2, 4) for c in names]
@@ -243,9 +244,9 @@ def test_draft_policies_run_side_by_side_and_stay_exact(tmp_path, tiny_qwen3_tar
 
     prompts = _prompt_file(tmp_path, list(TRAIN_PROMPTS[:4]))
     draft = tiny_qwen3_drafts["b8_trained"]
-    spec = ConcurrencySpec(BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 16, precision="f32",
-                                     genai_target=False, genai_dflash=False), [1, 4], {}, ["always", "adaptive"])
-    res = run_concurrency(spec, loader=keep)
+    spec = BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 16, precision="f32", genai_target=False,
+                     genai_dflash=False, concurrency=[1, 4], draft_policies=["always", "adaptive"])
+    res = run_bench(spec, loader=keep)
     names = ["target alone (this engine)", "b8_trained (dflash_v1) n=7 (this engine)",
              "b8_trained (dflash_v1) n=7, adaptive (this engine)"]
     assert [(r.config, r.concurrency) for r in res.rows] == [(c, n) for n in (1, 4) for c in names]
@@ -254,7 +255,7 @@ def test_draft_policies_run_side_by_side_and_stay_exact(tmp_path, tiny_qwen3_tar
     policy = pipes["b8_trained"].policy  # the adaptive configuration ran last
     assert isinstance(policy, DraftPolicy) and policy.target.seen and policy.pooled.accepted > 0
     with pytest.raises(ValueError, match="draft policy 'never'"):
-        ConcurrencySpec(spec.bench, [1], {}, ["never"]).validate()
+        replace(spec, concurrency=[1], draft_policies=["never"]).validate()
 
 
 @pytest.mark.slow

@@ -230,12 +230,14 @@ def test_version_does_not_open_the_gui() -> None:
 
 
 def test_installed_entry_routes_every_cli_command(monkeypatch, capsys) -> None:
-    """The bundle's entry point sends each subcommand to the CLI (not the GUI) and knows the version."""
+    """The bundle's entry point sends each subcommand to the CLI (not the GUI), by the launcher's rule,
+    and knows the version."""
     monkeypatch.syspath_prepend(str(REPO / "installer"))
     import entry
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) <= entry.CLI_COMMANDS
+    assert set(sub.choices) - {"gui"} and not any(entry.wants_gui([c]) for c in set(sub.choices) - {"gui"})
+    assert entry.wants_gui(["gui"])
     assert entry.main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("dflash-studio ")
 

@@ -15,7 +15,7 @@ from engine.config import GenerationConfig
 from engine.pipeline import SpeculativePipeline
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor
-from engine.sampling.rejection import residual, verify
+from engine.sampling.rejection import residual, verify, verify_window
 from fixtures.distribution_check import assert_follows_target
 
 
@@ -50,6 +50,23 @@ def test_residual_is_normalised_positive_part_and_falls_back_to_p() -> None:
     assert r.prob(2) == pytest.approx(1.0) and r.prob(0) == 0.0
     same = residual(p, p, 3)
     assert same is p
+
+
+def test_one_verification_entry_for_greedy_and_sampled_windows() -> None:
+    """verify_window: greedy on argmax ids or on processed rows, split windows, and the sampled path."""
+    drafted = [4, 7, 9]
+    assert verify_window(drafted, True, argmax=[4, 7, 2, 8]) == (2, 2)  # rejected at the third: the target's own
+    assert verify_window(drafted, True, argmax=[4, 7, 9, 8]) == (3, 8)  # all pass: the bonus row's token
+    assert verify_window(drafted, False, argmax=[4, 7, 9]) == (3, None)  # part of a split window: nothing yet
+    # With logit processors the target's choice is the argmax of the processed row, not the graph's ids.
+    rows = [Dist(np.array([0.9, 0.1]), np.array([4, 5])), Dist(np.array([0.2, 0.8]), np.array([7, 3]))]
+    assert verify_window(drafted[:1], True, argmax=[5, 5], p_row=lambda k: rows[k]) == (1, 3)
+    # Sampled: the same as exact rejection sampling with the same draws.
+    p = Dist(np.array([0.5, 0.5]), np.array([4, 5]))
+    q = Dist(np.array([1.0]), np.array([4]))
+    for seed in range(20):
+        got = verify_window([4], True, p_row=lambda k: p, proposals=[q], rng=np.random.default_rng(seed), vocab=10)
+        assert got == verify(lambda k: p, [4], [q], np.random.default_rng(seed), 10)
 
 
 def _proc(**kw) -> LogitsProcessor:

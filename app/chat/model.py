@@ -40,9 +40,6 @@ class Message:
         else:
             self.pieces.append((text, from_draft))
 
-    def draft_chars(self) -> int:
-        return sum(len(t) for t, d in self.pieces if d)
-
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": "message", "id": self.id, "role": self.role,
                              "content": self.content, "created": self.created, "status": self.status}

@@ -24,7 +24,8 @@ from app import settings as S
 from app.compare.charts import SLOW_COLOR, BenchCharts
 from app.worker import BenchJob, EngineController, ErrorInfo
 from engine.bench.datasets import available_sets
-from engine.bench.runner import BenchResult, BenchSpec, Decoding
+from engine.bench.report import BenchResult
+from engine.bench.spec import BenchSpec, Decoding
 
 FILE_SET = "__file__"
 SORT_ROLE = Qt.ItemDataRole.UserRole + 7

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from engine.bench.datasets import Prompt
+from engine.bench.report import BatchRun
 from engine.conversation import extend_ids
 from engine.errors import DFlashError
 
@@ -43,42 +44,43 @@ def check_turns(prompts: list[Prompt], turns: int) -> None:
                           f"(first: {short[0]}) have fewer: use --dataset mt-bench (two turns each), or --turns 1.")
 
 
-def run_turns(runner: Any, encoder: Any, prompt: Prompt, turns: int, max_new_tokens: int,
-              cancel: Callable[[], bool] | None = None) -> Any:
-    """Run `prompt`'s conversation for `turns` user turns on `runner`; the last turn's outcome.
+def run_turns(runner: Any, encoder: Any, prompt: Prompt, ids: list[int], turns: int, max_new_tokens: int,
+              cancel: Callable[[], bool] | None = None) -> tuple[BatchRun, list[float]]:
+    """Run `prompt`'s conversation (its first turn encoded as `ids`) for `turns` user turns on `runner`,
+    one request at a time: the last turn's run and the TTFT of every turn.
 
     `encoder` is this engine's runner whose tokenizer renders the chat for every configuration (the
     same prompt ids for all); each later turn's history is the configuration's own answer."""
     fresh_cache(runner)
-    ids = encoder.encode(prompt)
-    out = runner.run(ids, max_new_tokens, cancel)
-    ttft = out.turn_ttft_ms = [out.ttft_ms]
-    if turns < 2:
-        return out
+    run = runner.run([(prompt.id, ids)], 1, max_new_tokens, cancel)
+    ttft = [r.ttft_ms for r in run.requests[:1]]
+    if turns < 2 or run.cancelled:
+        return run, ttft
     tok = encoder.pipe.tokenizer
     messages = [{"role": "user", "content": prompt.text}]
     text = tok.chat_prompt(messages)
     for follow in prompt.followups[: turns - 1]:
-        if out.finish_reason == "cancelled":
-            break
+        out = run.requests[0]
         seen, seen_ids = text + out.text, ids + list(out.token_ids)
         messages += [{"role": "assistant", "content": out.text}, {"role": "user", "content": follow}]
         text = tok.chat_prompt(messages)
         encode = lambda rest: tok.encode(rest, add_special_tokens=False)  # noqa: E731
         ids = extend_ids(text, [(seen, seen_ids)], encode) or encode(text)
-        out = runner.run(ids, max_new_tokens, cancel)
-        ttft.append(out.ttft_ms)
-        out.turn_ttft_ms = ttft
-    return out
+        run = runner.run([(prompt.id, ids)], 1, max_new_tokens, cancel)
+        if run.cancelled:
+            break
+        ttft.append(run.requests[0].ttft_ms)
+    return run, ttft
 
 
 def turn_notes(configs: list[Any], turns: int, prompts: int) -> list[str]:
-    """One note per configuration: the median TTFT of each turn over the prompts every configuration finished."""
+    """One note per configuration: the median TTFT of each turn over the prompts every configuration
+    finished (each configuration's `turn_ttft_ms`, one list per prompt)."""
     if turns < 2:
         return []
     notes = []
     for c in configs:
-        per_turn = list(zip(*(getattr(o, "turn_ttft_ms", []) for o in c.outcomes[:prompts])))
+        per_turn = list(zip(*c.turn_ttft_ms[:prompts]))
         if len(per_turn) == turns:
             ms = " / ".join(f"{statistics.median(t):.0f}" for t in per_turn)
             notes.append(f"{c.row.config}: TTFT by turn (median ms over {prompts} prompts): {ms}")
@@ -87,7 +89,8 @@ def turn_notes(configs: list[Any], turns: int, prompts: int) -> list[str]:
 
 def per_setting(configs: list[Any], settings: list[bool], turns: int,
                 genai_cached: Callable[[Any], Any] | None) -> list[Any]:
-    """Every engine configuration once per prefix-caching setting (labelled when there are several);
+    """Every engine configuration once per prefix-caching setting (labelled when there are several; the
+    runners are copies sharing the loaded engine, each with its `prefix_caching`);
     with `turns` > 1, the openvino_genai target alone also with its prefix caching on (`genai_cached()`
     gives that peer's runner for a configuration's decoding, or None when it cannot load)."""
     out = []
@@ -105,7 +108,7 @@ def per_setting(configs: list[Any], settings: list[bool], turns: int,
                     name = c.row.config.removesuffix(f" [{caching_label(False)}]") + tag
                     base = c.row.baseline.removesuffix(f" [{caching_label(False)}]") + (tag if several else "")
                     row = replace(c.row, config=name, baseline=base)
-                    out.append(replace(c, row=row, runner=runner, outcomes=[]))
+                    out.append(replace(c, row=row, runner=runner, runs={}, turn_ttft_ms=[]))
             continue
         for on in settings:
             runner = copy.copy(c.runner)
@@ -114,5 +117,5 @@ def per_setting(configs: list[Any], settings: list[bool], turns: int,
             if several:
                 tag = f" [{caching_label(on)}]"
                 row = replace(row, config=row.config + tag, baseline=row.baseline + tag)
-            out.append(replace(c, row=row, runner=runner, outcomes=[]))
+            out.append(replace(c, row=row, runner=runner, runs={}, turn_ttft_ms=[]))
     return out

@@ -1,8 +1,8 @@
 """Input tensors that stay bound to an infer request between calls, written in place.
 
 Why: handing `InferRequest.infer` fresh numpy arrays on every call (even with share_inputs) wraps
-and re-binds every input each time; for a 135M target's decode step that measured 0.5-1 ms of an
-~11 ms step (docs/benchmarks.md). openvino_genai's model runner fills the request's tensors in place
+and re-binds every input each time, a cost that is a visible share of a small target's decode step
+(docs/benchmarks.md). openvino_genai's model runner fills the request's tensors in place
 instead, and so does this: a tensor is replaced (and re-bound) only when its shape changes, which in
 steady decoding is rare (the block table grows by one block every block_size tokens).
 """

@@ -8,7 +8,7 @@ full-vocabulary logits leave the graph (docs/engine.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,8 @@ from engine.models.bound_inputs import BoundInputs
 from engine.models.draft_kv import KVInput, externalize_kv, skip_converts, split_past_attention
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.files import check_folder, read_ir, read_optional_json_object
-from engine.models.target import _lm_head, check_target_dir, num_decoder_layers
+from engine.models.folders import TargetFolder, as_target_folder
+from engine.models.target import _lm_head
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
 SCORER_FILE = "openvino_markov_head_model.xml"
@@ -52,6 +53,7 @@ class DraftInfo:
     confidence_source: str = "none"  # none | backbone | markov_head (DSpark confidence_head_with_markov)
     recommended_candidates: int | None = None  # config.json "num_assistant_tokens": the draft's tuned default
     sliding_window: int | None = None  # config.json: some layers only see keys this close (by slot index)
+    model: ov.Model | None = field(default=None, repr=False, compare=False)  # the IR as read (clone it to edit)
 
     @property
     def name(self) -> str:
@@ -141,6 +143,7 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         sliding_window=_sliding_window(config),
         confidence_source={"true": "backbone", "markov_head": "markov_head"}.get(
             (_rt(model, "dflash", "confidence_head") or "").lower(), "none"),
+        model=model,
     )
     if info.has_head and not (folder / SCORER_FILE).is_file():
         raise ModelFolderError(f"Draft {folder} declares a {info.head_type} Markov head but {SCORER_FILE} is "
@@ -159,22 +162,16 @@ def _sliding_window(config: dict) -> int | None:
     return int(window) if sliding and window else None
 
 
-def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = None) -> list[str]:
-    """Reasons why the draft cannot serve the target; an empty list means it fits."""
+def check_draft_fits(target: TargetFolder | Path, draft: DraftInfo | Path, core: ov.Core | None = None) -> list[str]:
+    """Reasons why the draft cannot serve the target; an empty list means it fits. Folders already
+    read (a TargetFolder, a DraftInfo) are not read again."""
     core = core or ov.Core()
     try:
-        check_target_dir(Path(target_dir))
-        info = read_draft_info(Path(draft_dir), core)
+        target = as_target_folder(target, core)
+        info = draft if isinstance(draft, DraftInfo) else read_draft_info(Path(draft), core)
     except ModelFolderError as exc:
         return [str(exc)]
-    try:
-        target = read_ir(core, Path(target_dir) / "openvino_model.xml", "export the target again with "
-                         "`dflash-studio export --kind target`.")
-    except ModelFolderError as exc:
-        return [str(exc)]
-    vocab = int(target.output("logits").get_partial_shape()[2].get_length())
-    hidden = int(_lm_head(target).input_value(0).get_partial_shape()[2].get_length())
-    layers = num_decoder_layers(target)
+    vocab, hidden, layers = target.vocab_size, target.hidden_size, target.num_layers
     reasons: list[str] = []
     if info.vocab_size is not None and info.vocab_size != vocab:
         reasons.append(f"Vocabulary: the draft was built for {info.vocab_size} tokens, the target has {vocab}. "
@@ -189,7 +186,7 @@ def check_draft_fits(target_dir: Path, draft_dir: Path, core: ov.Core | None = N
                        f"{len(info.target_layer_ids)} target layers of width {hidden} give "
                        f"{len(info.target_layer_ids) * hidden}.")
     try:
-        read_draft_vocabulary(Path(draft_dir), vocab)
+        read_draft_vocabulary(info.folder, vocab)
     except ModelFolderError as exc:
         reasons.append(f"Vocabulary: {exc}")
     bad = [i for i in info.target_layer_ids if not 0 <= i < layers - 1]
@@ -279,10 +276,10 @@ class DraftModel:
 
     KV_ON_HOST = True  # False keeps every draft stateful (tests of the stateful path)
 
-    def __init__(self, info: DraftInfo, target_folder: Path, core: ov.Core, device: str,
+    def __init__(self, info: DraftInfo, target: TargetFolder | Path, core: ov.Core, device: str,
                  properties: dict[str, str]) -> None:
         self.info = info
-        self._target_folder, self._core, self._device = Path(target_folder), core, device
+        self._target, self._core, self._device = as_target_folder(target, core), core, device
         self._props = props = draft_compile_properties(info, device, properties)
         self.kv: list[KVInput] | None = None
         # The exported masks measure a sliding window in slots, which host-side padding would stretch.
@@ -295,11 +292,12 @@ class DraftModel:
         self.dense_inputs = BoundInputs(self.dense_head) if self.dense_head is not None else None
 
     def _compile(self, kv_on_host: bool) -> None:
-        draft = self._core.read_model(self.info.folder / "openvino_model.xml")
-        target = self._core.read_model(self._target_folder / "openvino_model.xml")
+        draft = (self.info.model.clone() if self.info.model is not None
+                 else self._core.read_model(self.info.folder / "openvino_model.xml"))
+        target = self._target.fresh_model()
         self.kv = externalize_kv(draft) if kv_on_host else None
         self.split_attentions = split_past_attention(draft, self.kv) if self.kv else 0
-        vocab_size = int(target.output("logits").get_partial_shape()[2].get_length())
+        vocab_size = self._target.vocab_size
         wanted = read_draft_vocabulary(self.info.folder, vocab_size)  # draft_vocabulary.json, if the folder has one
         self.vocab_size = vocab_size
         self.vocabulary = wanted if graft_target_head(draft, target, self.info, wanted) else None

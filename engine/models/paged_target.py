@@ -27,9 +27,9 @@ import openvino as ov
 
 from engine.errors import ModelFolderError
 from engine.models.bound_inputs import BoundInputs
-from engine.models.files import read_ir, read_optional_json_object
 from engine.models.kv_blocks import BlockTable
-from engine.models.target import _lm_head, check_target_dir, edit_target_graph, num_decoder_layers
+from engine.models.folders import TargetFolder, as_target_folder
+from engine.models.target import edit_target_graph
 
 PA_INPUTS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
              "block_indices_begins", "max_context_len", "logits_indices")
@@ -57,20 +57,19 @@ class BatchOutput:
 class PagedTarget:
     """A compiled PagedAttention target plus its block table."""
 
-    def __init__(self, folder: Path, core: ov.Core, device: str, properties: dict[str, str],
+    def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
                  cache_size_mb: int = 512, pad_single_rows: bool = True) -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
-        check_target_dir(folder)
-        self.folder = Path(folder)
+        target = as_target_folder(folder, core)
+        self.folder = target.path
         self.device = device
-        fix = "export the target again with `dflash-studio export --kind target` (or copy the folder again)."
-        self.config = read_optional_json_object(self.folder / "config.json", fix)
-        model = read_ir(core, self.folder / "openvino_model.xml", fix)
-        self.num_layers = num_decoder_layers(model)
-        self.vocab_size = int(model.output("logits").get_partial_shape()[2].get_length())
-        self.hidden_size = int(_lm_head(model).input_value(0).get_partial_shape()[2].get_length())
+        self.config = target.config
+        model = target.fresh_model()
+        self.num_layers = target.num_layers
+        self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
         if not any(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops()):
             raise ModelFolderError(f"{self.folder.name} has no ScaledDotProductAttention: export it again with "
                                    "optimum-intel (`dflash-studio export --kind target`), task text-generation-with-past.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import codecs
 from functools import cached_property
 from pathlib import Path
+from typing import Sequence
 
 import openvino_genai as ov_genai
 
@@ -25,6 +26,8 @@ def check_text(text: str, what: str = "The prompt") -> None:
         raw = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
         raise ValueError(f"{what} is not valid UTF-8 text ({raw} at character {exc.start}): give it as UTF-8 "
                          "(check the terminal's or the file's encoding, e.g. `iconv -f latin1 -t utf-8`).") from None
+
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]  # text, chat messages, or token ids
 
 
 class TextTokenizer:
@@ -63,6 +66,32 @@ class TextTokenizer:
             check_text(m.get("content", ""), "The prompt" if len(messages) == 1 else f"The {m.get('role')} message")
         return self.tok.apply_chat_template(messages, add_generation_prompt=True)
 
+    def prompt_text(self, prompt: Prompt, chat: bool | None = None) -> tuple[str, bool] | None:
+        """The text a prompt stands for and whether encoding it adds special tokens (a chat template's
+        text carries its own): text (through the chat template when `chat`, default: when the model has
+        one), chat messages (the template); None for token ids, which stand as they are."""
+        if isinstance(prompt, str):
+            use_chat = self.has_chat_template if chat is None else chat
+            if use_chat:
+                return self.chat_prompt([{"role": "user", "content": prompt}]), False
+            return prompt, True
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            if not self.has_chat_template:
+                raise ValueError("This model has no chat template: send plain text for completion instead of "
+                                 "chat messages.")
+            return self.chat_prompt(items), False
+        return None
+
+    def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt (prompt_text's rules). The paged engine's own encode_prompt adds the reuse
+        of a finished request's ids for a chat's next turn (the prefix cache's keys)."""
+        rendered = self.prompt_text(prompt, chat)
+        if rendered is None:
+            return [int(t) for t in prompt]
+        text, special = rendered
+        return self.encode(text, add_special_tokens=special)
+
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True) if ids else ""
 
@@ -71,7 +100,7 @@ class TextTokenizer:
         """Bytes of every token id (b"" for skipped special tokens), if that reproduces decode().
 
         Streaming then costs a table lookup per token instead of a detokenizer inference per
-        step (about 50 us each). Checked at build time on sample text against the detokenizer
+        step. Checked at build time on sample text against the detokenizer
         IR; tokenizers whose decoding is more than byte concatenation (normalizers, space
         clean-up) return None and stream through the windowed IR path.
         """

@@ -56,8 +56,3 @@ class Dist:
     @property
     def support(self) -> int:
         return len(self.probs) if self.ids is None else len(self.ids)
-
-
-def one_hot(token: int) -> Dist:
-    """The proposal of a greedy draft: all mass on its token."""
-    return Dist(np.ones(1), np.array([token]))

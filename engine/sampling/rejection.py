@@ -6,7 +6,7 @@ emit a bonus draw from p_{n+1}. P(emit v) = min(p, q)(v) + max(0, p(v) - q(v)) =
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -46,10 +46,22 @@ def verify(p_row: PRow, drafted: list[int], proposals: list[Dist], rng: np.rando
     return len(drafted), p_row(len(drafted)).sample(rng.random()) if bonus else None
 
 
-def verify_greedy(p_row: PRow, drafted: list[int], bonus: bool = True) -> tuple[int, int | None]:
-    """Greedy targets with logit processors: accept while the draft equals the processed argmax."""
+def verify_window(drafted: list[int], bonus: bool = True, argmax: Sequence[int] | None = None,
+                  p_row: PRow | None = None, proposals: list[Dist] | None = None,
+                  rng: np.random.Generator | None = None, vocab: int = 0) -> tuple[int, int | None]:
+    """(drafted tokens accepted, the token emitted after them) for one window's rows: the one entry for
+    greedy and sampled windows.
+
+    Greedy (no `proposals`): accept while a candidate equals the target's choice at its row, the
+    argmax of its processed distribution (`p_row`, requests with logit processors) or else the
+    in-graph argmax ids (`argmax`). Sampled: exact rejection sampling against the draft's
+    `proposals` (`verify`). bonus=False validates part of a split window (no token follows yet
+    when every candidate passes)."""
+    if proposals is not None:
+        return verify(p_row, drafted, proposals, rng, vocab, bonus)
+    choice = (lambda k: int(argmax[k])) if p_row is None else (lambda k: p_row(k).argmax())
     for k, x in enumerate(drafted):
-        best = p_row(k).argmax()
+        best = choice(k)
         if best != x:
             return k, best
-    return len(drafted), p_row(len(drafted)).argmax() if bonus else None
+    return len(drafted), choice(len(drafted)) if bonus else None

@@ -11,7 +11,7 @@ from PySide6.QtGui import QImage
 
 from app.compare.charts import SLOW_COLOR
 from app.compare.panel import COLUMNS, short_label
-from engine.bench.runner import BenchResult, Row
+from engine.bench.report import BenchResult, RequestRun, Row
 
 MACHINE = {"machine": "test machine", "device": "CPU (test)", "openvino": "test"}
 
@@ -163,9 +163,9 @@ def test_speedup_below_one_is_red():
     from app.compare.charts import BenchCharts
 
     def row(name, draft, tpot, steps=10, tokens=11):
-        r = Row(name, "engine", "t", draft, "smoke", 7 if draft else 0)
-        r.prompts, r.tokens, r.decode_tokens, r.target_steps, r.decode_ms = 1, tokens, tokens - 1, steps, tpot * 10
-        return r
+        # One prompt: 11 tokens, the first after 5 ms, then (tokens - 1) x tpot ms.
+        run = RequestRun("p0", list(range(tokens)), "", 5.0, 5.0 + tpot * (tokens - 1), steps, tokens - 1)
+        return Row(name, "engine", "t", draft, "smoke", 7 if draft else 0, requests=[run])
 
     rows = [row("target alone (this engine)", None, 2.0), row("fast", "a", 1.0, steps=4), row("slow", "b", 4.0)]
     for r in rows:
