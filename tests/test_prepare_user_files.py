@@ -34,10 +34,10 @@ def checkpoint(tiny_qwen3_hf: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def shipped(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """resources/drafts with the one tiny draft, and a fresh data folder."""
     res = tmp_path / "resources-drafts"
-    shutil.copytree(checkpoint, res / "tiny-b4")
+    shutil.copytree(checkpoint, res / "smollm2-tiny-b4")  # the embedded target's drafts go by this prefix
     monkeypatch.setattr(prepare, "SHIPPED_DRAFTS", res)
     monkeypatch.setenv("DFLASH_STUDIO_HOME", str(tmp_path / "data"))
-    return res / "tiny-b4"
+    return res / "smollm2-tiny-b4"
 
 
 def _answers(path: Path, rows: list[list[int]]) -> Path:
