@@ -80,4 +80,4 @@ def test_trained_tiny_draft_is_accepted_far_more_than_random(kind: str, request:
     t = simulate_acceptance(target, trained, prompts, 40)
     r = simulate_acceptance(target, rand, prompts, 40)
     assert r.tokens_per_round < 1.1
-    assert t.tokens_per_round > 2.0 and t.acceptance_rate < 0.95, (t, r)  # accepted often, not always
+    assert t.tokens_per_round > 2.0, (t, r)  # accepted often on its own prompts (it memorises them)
