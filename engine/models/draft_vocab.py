@@ -22,22 +22,31 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
-import openvino as ov
-import openvino.opset13 as ops
 
 from engine.errors import ModelFolderError
+
+if TYPE_CHECKING:
+    import openvino as ov
+
+
+def _ops() -> Any:
+    """openvino's opset, imported when a graph is sliced: reading and writing the vocabulary file
+    (train-draft on a GPU machine without openvino, prepare's markers) needs no runtime."""
+    import openvino.opset13 as ops
+
+    return ops
 
 VOCAB_FILE = "draft_vocabulary.json"
 DEFAULT_SIZE = 16384
 _FIX = "Delete it, or write it again with `dflash-studio draft-vocab`."
 _REBUILD = {  # the ops of a (de)compressed weight subgraph, rebuilt over sliced constants
-    "Subtract": lambda node, a, b: ops.subtract(a, b),
-    "Multiply": lambda node, a, b: ops.multiply(a, b),
-    "Add": lambda node, a, b: ops.add(a, b),
-    "Convert": lambda node, a: ops.convert(a, node.get_output_element_type(0)),
+    "Subtract": lambda node, a, b: _ops().subtract(a, b),
+    "Multiply": lambda node, a, b: _ops().multiply(a, b),
+    "Add": lambda node, a, b: _ops().add(a, b),
+    "Convert": lambda node, a: _ops().convert(a, node.get_output_element_type(0)),
 }
 
 
@@ -156,7 +165,7 @@ def slice_rows(weight: ov.Output, ids: np.ndarray, vocab_size: int) -> ov.Output
                 data = node.get_data()
             except RuntimeError:  # packed low-bit types have no numpy view
                 return None
-            return ops.constant(np.ascontiguousarray(data[ids]), weight.get_element_type()).output(0)
+            return _ops().constant(np.ascontiguousarray(data[ids]), weight.get_element_type()).output(0)
         return weight if all(d == 1 for d in shape) else None  # scalars broadcast as they are
     if kind not in _REBUILD:
         return None
