@@ -255,6 +255,29 @@ def cmd_row_invariance(args: argparse.Namespace) -> int:
     return run_cli(args, target)
 
 
+_OPTIONAL_STACKS = ("openvino", "openvino_genai", "openvino_tokenizers", "torch", "transformers", "optimum", "nncf",
+                    "gguf", "safetensors", "fastapi", "uvicorn")
+
+
+def _runtime_args(p: argparse.ArgumentParser, module: str) -> bool:
+    """Add a runtime subcommand's options from `module`'s `add_args`. On a machine without the
+    OpenVINO runtime (a GPU machine that only runs train-draft) the subcommand stays listed and says
+    what is missing instead of breaking every other subcommand's parser."""
+    import importlib
+
+    try:
+        importlib.import_module(module).add_args(p)
+        return True
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+        def unavailable(args: argparse.Namespace) -> int:
+            raise DFlashError(f"`dflash-studio {p.prog.split()[-1]}` needs the OpenVINO runtime, and {missing} is not "
+                              "installed here: install the project (`pip install -e .`) or run it on a machine that has it.")
+
+        p.set_defaults(func=unavailable, takes_any_options=True)
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-studio", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -316,10 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("row-invariance", help="score the same target rows alone, in k-row windows, beside other "
                                               "requests and after chunked prefills; print the largest logit differences")
-    from engine.row_invariance import add_args as add_row_invariance_args
-
-    add_row_invariance_args(r)
-    r.set_defaults(func=cmd_row_invariance)
+    if _runtime_args(r, "engine.row_invariance"):
+        r.set_defaults(func=cmd_row_invariance)
 
     e = sub.add_parser("export", help="export a Hugging Face folder to OpenVINO")
     e.add_argument("--kind", choices=["target", "draft", "serving"], required=True,
@@ -394,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv or argv[0] == "gui":
         parser.error("the desktop app opens through the launcher: run `dflash-studio` (or `python -m dflash_studio`)")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any_options", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "weight_format", "x") is None:
         args.weight_format = "int8" if args.kind == "target" else "fp32"
     try:
@@ -402,6 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DFlashError, ValueError, OSError) as exc:  # the one boundary: bad input and bad files, never bugs
         end_line()
         print(f"dflash-studio: {describe_error(exc)}", file=sys.stderr, flush=True)
+        return 2
+    except ModuleNotFoundError as exc:  # a machine set up for part of the work (training only, the bundled app)
+        if (exc.name or "").split(".")[0] not in _OPTIONAL_STACKS:
+            raise
+        end_line()
+        print(f"dflash-studio: `{args.command}` needs {exc.name}, which is not installed here: install the project "
+              "with the extra it names (`pip install -e .[export]` for export and train-draft) or run it on a "
+              "machine that has it.", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,7 +8,6 @@ import argparse
 from pathlib import Path
 
 from engine.bench.report import print_report, write_reports
-from engine.bench.runner import run_bench
 from engine.bench.spec import SCHEDULER_FIELDS, BenchSpec, Decoding
 from engine.catalog import resolve_models
 from engine.console import progress_printer
@@ -84,6 +83,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from engine.bench.runner import run_bench  # the runtime (openvino_genai): not needed to build the parser
+
     res = run_bench(spec_from_args(args), progress=progress_printer())
     if args.out:
         write_reports(res, Path(args.out))
