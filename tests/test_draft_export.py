@@ -196,7 +196,7 @@ def test_failure_during_conversion_keeps_old_output(tmp_path: Path, monkeypatch:
     def boom(*_a, **_k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("engine.export.draft.save_ir", boom)
+    monkeypatch.setattr("engine.export.ir.save_ir", boom)  # every draft folder is written there
     with pytest.raises(RuntimeError, match="disk full"):
         export_draft(ckpt, tmp_path / "ir")
     assert (out / "openvino_model.bin").read_bytes() == before
