@@ -9,11 +9,12 @@ with the engine's reasons, as for any draft). Closing the window while an export
 from __future__ import annotations
 
 import shiboken6
-from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QMainWindow, QMenu
+from PySide6.QtWidgets import QMainWindow
 
 from app import settings as S
+from app.models.child_process import CancelOnClose, add_file_action
 from app.models.import_dialog import ImportDialog
 
 ACTION_TEXT = "&Import Hugging Face folder…"
@@ -28,21 +29,6 @@ def add_imported_model(panel, settings, path: str, kind: str) -> None:
     else:
         S.push_recent(settings, S.K_RECENT_DRAFTS, path)
         panel.set_draft(path)
-
-
-class _CancelOnClose(QObject):
-    """Cancels a running export when the main window closes (the export must not outlive it)."""
-
-    def __init__(self, window: QMainWindow) -> None:
-        super().__init__(window)
-        self.window = window
-
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802
-        if obj is self.window and event.type() == QEvent.Type.Close:
-            dlg = getattr(self.window, "_import_dialog", None)
-            if dlg is not None and shiboken6.isValid(dlg):
-                dlg.cancel_export()
-        return False
 
 
 def open_import_dialog(window: QMainWindow, folder: str | None = None) -> ImportDialog:
@@ -62,26 +48,12 @@ def open_import_dialog(window: QMainWindow, folder: str | None = None) -> Import
     return dlg
 
 
-def _file_menu(window: QMainWindow) -> QMenu:
-    for a in window.menuBar().actions():
-        if a.menu() is not None and a.text().replace("&", "") == "File":
-            return a.menu()
-    return window.menuBar().addMenu("&File")
-
-
 def install_import_action(window: QMainWindow) -> QAction:
     """Add File → Import Hugging Face folder… to `window` (a MainWindow) and return the action."""
-    act = QAction(ACTION_TEXT, window)
-    act.setObjectName("actImportHF")
-    act.setStatusTip("Convert a Hugging Face checkpoint (target or DFlash / DSpark draft) to OpenVINO and add it")
-    menu = _file_menu(window)
-    before = getattr(window, "act_prepare", None)
-    if before is not None and before in menu.actions():
-        menu.insertAction(before, act)
-    else:
-        menu.addAction(act)
-    act.triggered.connect(lambda: open_import_dialog(window))
+    act = add_file_action(window, ACTION_TEXT, "actImportHF",
+                          "Convert a Hugging Face checkpoint (target or DFlash / DSpark draft) to OpenVINO and add it",
+                          lambda: open_import_dialog(window), before=getattr(window, "act_prepare", None))
     window.act_import_hf = act
     window._import_dialog = None
-    window.installEventFilter(_CancelOnClose(window))
+    window.installEventFilter(CancelOnClose(window, "_import_dialog", "cancel_export"))
     return act
