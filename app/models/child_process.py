@@ -80,8 +80,11 @@ def file_menu(window: QMainWindow) -> QMenu:
 
 
 def add_file_action(window: QMainWindow, text: str, name: str, tip: str, on_trigger: Callable[[], object],
-                    before: QAction | None = None, after: QAction | None = None) -> QAction:
-    """A File-menu action placed before `before` or right after `after` (else last)."""
+                    before: QAction | None = None, after: QAction | None = None,
+                    dialog: tuple[str, str] | None = None) -> QAction:
+    """A File-menu action placed before `before` or right after `after` (else last). `dialog`:
+    (window attribute of the dialog it opens, that dialog's cancel method): the attribute starts as
+    None and the dialog's run is cancelled when the window closes."""
     act = QAction(text, window)
     act.setObjectName(name)
     act.setStatusTip(tip)
@@ -94,6 +97,9 @@ def add_file_action(window: QMainWindow, text: str, name: str, tip: str, on_trig
     else:
         menu.addAction(act)
     act.triggered.connect(lambda: on_trigger())
+    if dialog is not None:
+        setattr(window, dialog[0], None)
+        window.installEventFilter(CancelOnClose(window, *dialog))
     return act
 
 

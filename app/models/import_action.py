@@ -14,7 +14,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMainWindow
 
 from app import settings as S
-from app.models.child_process import CancelOnClose, add_file_action
+from app.models.child_process import add_file_action
 from app.models.import_dialog import ImportDialog
 
 ACTION_TEXT = "&Import Hugging Face folder…"
@@ -52,8 +52,7 @@ def install_import_action(window: QMainWindow) -> QAction:
     """Add File → Import Hugging Face folder… to `window` (a MainWindow) and return the action."""
     act = add_file_action(window, ACTION_TEXT, "actImportHF",
                           "Convert a Hugging Face checkpoint (target or DFlash / DSpark draft) to OpenVINO and add it",
-                          lambda: open_import_dialog(window), before=getattr(window, "act_prepare", None))
+                          lambda: open_import_dialog(window), before=getattr(window, "act_prepare", None),
+                          dialog=("_import_dialog", "cancel_export"))
     window.act_import_hf = act
-    window._import_dialog = None
-    window.installEventFilter(CancelOnClose(window, "_import_dialog", "cancel_export"))
     return act

@@ -19,7 +19,7 @@ from PySide6.QtGui import QAction, QFontDatabase
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QMainWindow, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.models.child_process import CancelOnClose, LogView, add_file_action, child_process
+from app.models.child_process import LogView, add_file_action, child_process
 from engine import paths
 
 ACTION_TEXT = "&Train a draft…"
@@ -281,8 +281,7 @@ def install_train_action(window: QMainWindow) -> QAction:
     """Add File → Train a draft… right after the import action and return it."""
     act = add_file_action(window, ACTION_TEXT, "actTrainDraft",
                           "Train a draft for a chat model from its own answers (needs torch and a GPU)",
-                          lambda: open_train_dialog(window), after=getattr(window, "act_import_hf", None))
+                          lambda: open_train_dialog(window), after=getattr(window, "act_import_hf", None),
+                          dialog=("_train_dialog", "cancel"))
     window.act_train_draft = act
-    window._train_dialog = None
-    window.installEventFilter(CancelOnClose(window, "_train_dialog", "cancel"))
     return act
