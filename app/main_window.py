@@ -733,8 +733,12 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
         self.gen_panel.set_recommended(recommended_decoding(info.target_dir))
-        self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
-                                        info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
+        d = info.draft
+        if d is None:
+            self.gen_panel.set_draft_loaded(False)
+        else:
+            self.gen_panel.set_draft_loaded(True, d.max_candidates, d.variant, d.has_head, d.default_top_k,
+                                            d.default_candidates)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
         label = (f"{info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
                  + f" on {info.device}")
@@ -811,7 +815,7 @@ class MainWindow(QMainWindow):
                                   "wait for it; your message stays here.")
         info = self.engine_info
         try:
-            config = self.gen_panel.config(with_draft=info.draft_dir is not None)
+            config = self.gen_panel.config(with_draft=info.draft is not None)
         except ValueError as e:
             self._bad_setting(str(e))
             return False
