@@ -123,7 +123,7 @@ def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
     assert w.input.toPlainText() == "dense please"
     assert "markov_head_top_k=0" in g.field_error("markov_head_top_k")
     assert "dense please" not in w.chat.toPlainText()
-    assert not w.streams and w.send_button.isEnabled()
+    assert not w.session.streams and w.send_button.isEnabled()
     g.markov_top_k.setValue(8)
     with qtbot.waitSignal(w.controller.finished, timeout=10000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
