@@ -10,17 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
 
-from PySide6.QtCore import QRectF, QSettings, QSize, Qt, QTimer, QUrl
-from PySide6.QtGui import (QAction, QCloseEvent, QColor, QDesktopServices, QIcon, QKeySequence, QPainter, QPen,
-                           QPixmap, QShortcut)
-from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
-                               QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, QUrl
+from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidgetItem, QMainWindow,
+                               QMessageBox, QPushButton, QScrollArea, QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
 
 from app import logs
 from app import settings as S
+from app.chat.conversation_list import ConversationList
 from app.chat.input import ChatInput
 from app.chat.model import Conversation, Message
 from app.chat.session import LATE, TEXT, ChatSession
@@ -37,6 +35,7 @@ from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
 from app.qt_tracking import TrackedTimer
 from app.server.panel import ServerPanel
+from app.widgets import Banner, ElidedLabel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
@@ -49,110 +48,6 @@ MAX_TEXT_FLUSH_MS = 200
 TEXT_SHARE = 0.25  # inserting text may use at most ~this share of the GUI thread
 AUTOSAVE_MS = 2000  # a streaming reply is saved this often: a kill loses at most ~2 s of its text
 log = logging.getLogger("dflash.window")
-
-
-class Banner(QFrame):
-    """A dismissable strip above the chat for errors and notices (never a blocking dialog)."""
-
-    def __init__(self, kind: str, parent=None) -> None:
-        super().__init__(parent)
-        self.setObjectName("errorBanner" if kind == "error" else "noticeBanner")
-        self.setProperty("kind", kind)
-        self.details = ""
-        self.title = ""
-        h = QHBoxLayout(self)
-        h.setContentsMargins(10, 6, 6, 6)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        h.addWidget(self.label, 1)
-        self.action_button = QPushButton()
-        self.action_button.setVisible(False)
-        h.addWidget(self.action_button)
-        self.details_button = QPushButton("Details…")
-        self.details_button.clicked.connect(self._show_details)
-        h.addWidget(self.details_button)
-        self.close_button = QPushButton("Dismiss")
-        self.close_button.clicked.connect(self.hide)
-        h.addWidget(self.close_button)
-        self._action: Callable[[], None] | None = None
-        self.action_button.clicked.connect(lambda: self._action and self._action())
-        self.hide()
-
-    def show_message(self, title: str, text: str, details: str = "",
-                     action: tuple[str, Callable[[], None]] | None = None) -> None:
-        self.title = title
-        self.details = details
-        self.label.setText(f"<b>{title}</b><br>{_html(text)}" if title else _html(text))
-        self.details_button.setVisible(bool(details))
-        if action:
-            self.action_button.setText(action[0])
-            self._action = action[1]
-            self.action_button.setVisible(True)
-        else:
-            self._action = None
-            self.action_button.setVisible(False)
-        self.show()
-
-    def _show_details(self) -> None:
-        box = QMessageBox(self.window())
-        box.setIcon(QMessageBox.Icon.Warning if self.property("kind") == "error" else QMessageBox.Icon.Information)
-        box.setWindowTitle(self.title or "Details")
-        box.setText(self.label.text())
-        box.setDetailedText(self.details)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.open()  # window-modal, does not block the event loop
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that shortens its text with … instead of widening the layout."""
-
-    def __init__(self, text: str = "", parent=None) -> None:
-        super().__init__(parent)
-        self._full = ""
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.setText(text)
-
-    def setText(self, text: str) -> None:  # noqa: N802
-        self._full = text
-        self.setToolTip(text)
-        self._elide()
-
-    def resizeEvent(self, e) -> None:  # noqa: N802
-        super().resizeEvent(e)
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 40))
-        super().setText(shown)
-
-
-def _dot_icon(color: str) -> QIcon:
-    """A small filled circle with a white ring (visible on a selected row too): marks conversations
-    with a reply streaming."""
-    pm = QPixmap(12, 12)
-    pm.fill(Qt.GlobalColor.transparent)
-    painter = QPainter(pm)
-    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-    painter.setPen(QPen(QColor("#ffffff"), 1.5))
-    painter.setBrush(QColor(color))
-    painter.drawEllipse(QRectF(1.5, 1.5, 9.0, 9.0))
-    painter.end()
-    icon = QIcon()
-    for mode in (QIcon.Mode.Normal, QIcon.Mode.Selected, QIcon.Mode.Active):
-        icon.addPixmap(pm, mode)  # the same dot when selected (no tint)
-    return icon
-
-
-def conversation_tooltip(conv: Conversation) -> str:
-    """The conversation list's tooltip: title, message count, last change (a time history load checked)."""
-    return (f"{conv.title}\n{len(conv.messages)} messages · "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
-
-
-def _html(text: str) -> str:
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
 
 class MainWindow(QMainWindow):
@@ -181,7 +76,6 @@ class MainWindow(QMainWindow):
         self.prepare_command = prepare_command
         self.engine_label = engine_label  # e.g. "demo engine" when running the fake one
         self.engine_info: EngineInfo | None = None
-        self._streaming_icon = _dot_icon("#12b76a")
         self._closing = False
         self._closed = False
         self._prepare_dialog: PrepareDialog | None = None
@@ -320,11 +214,7 @@ class MainWindow(QMainWindow):
         conv_w = QWidget()
         cv = QVBoxLayout(conv_w)
         cv.setContentsMargins(4, 4, 4, 4)
-        self.conv_list = QListWidget()
-        self.conv_list.setObjectName("conversationList")
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setEditTriggers(QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed)
+        self.conv_list = ConversationList()
         cv.addWidget(self.conv_list, 1)
         hb = QHBoxLayout()
         self.new_button = QPushButton("New")
@@ -508,20 +398,7 @@ class MainWindow(QMainWindow):
         return conv
 
     def _fill_conv_list(self) -> None:
-        self.conv_list.blockSignals(True)
-        current_id = self.current.id if self.current else None
-        self.conv_list.clear()
-        for conv in self.session.conversations:
-            it = QListWidgetItem(conv.title)
-            it.setData(Qt.ItemDataRole.UserRole, conv.id)
-            it.setToolTip(conversation_tooltip(conv))
-            it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
-            if self.session.live_tag(conv) is not None:
-                it.setIcon(self._streaming_icon)
-            self.conv_list.addItem(it)
-            if conv.id == current_id:
-                self.conv_list.setCurrentItem(it)
-        self.conv_list.blockSignals(False)
+        self.conv_list.fill(self.session.conversations, self.current, self.session.streaming_ids())
 
     def select_conversation(self, conv: Conversation) -> None:
         self.input_notice.hide()  # it was about the conversation that was on screen
@@ -532,12 +409,7 @@ class MainWindow(QMainWindow):
         self.chat.set_conversation(conv)
         self.gen_panel.set_system_prompt(conv.system_prompt)
         self.conv_title.setText(conv.title)
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            if it.data(Qt.ItemDataRole.UserRole) == conv.id and self.conv_list.currentItem() is not it:
-                self.conv_list.blockSignals(True)
-                self.conv_list.setCurrentItem(it)
-                self.conv_list.blockSignals(False)
+        self.conv_list.select(conv)
         tag = self.session.plotted_reply(conv)  # its streaming reply, else its latest one from this session
         if tag is not None:
             self._follow(tag)
@@ -790,14 +662,7 @@ class MainWindow(QMainWindow):
 
     def _update_stream_marks(self) -> None:
         """A dot beside every conversation with a reply streaming."""
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            conv = self.session.find(it.data(Qt.ItemDataRole.UserRole))
-            on = conv is not None and self.session.live_tag(conv) is not None
-            if on != (not it.icon().isNull()):
-                self.conv_list.blockSignals(True)
-                it.setIcon(self._streaming_icon if on else QIcon())
-                self.conv_list.blockSignals(False)
+        self.conv_list.mark_streaming(self.session.streaming_ids())
 
     def stop(self) -> None:
         """Stop the shown conversation's streaming reply now (Esc, Stop): the text stops at once, the
@@ -946,12 +811,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_MARK_DRAFT, on)
 
     def _refresh_title(self, conv: Conversation) -> None:
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            if it.data(Qt.ItemDataRole.UserRole) == conv.id and it.text() != conv.title:
-                self.conv_list.blockSignals(True)
-                it.setText(conv.title)
-                self.conv_list.blockSignals(False)
+        self.conv_list.set_title(conv)
         if conv is self.current:
             self.conv_title.setText(conv.title)
 

@@ -184,6 +184,10 @@ class ChatSession:
     def live_tags(self) -> list[str]:
         return [t for t in self.streams if t not in self.stopped]
 
+    def streaming_ids(self) -> set[str]:
+        """Ids of the conversations with a live reply (the list's dots)."""
+        return {c.id for t, (c, _m) in self.streams.items() if t not in self.stopped}
+
     def is_live(self, tag: str | None) -> bool:
         return tag in self.streams and tag not in self.stopped
 
