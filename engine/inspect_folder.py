@@ -48,7 +48,7 @@ DRAFT_WEIGHT_FORMATS = ("int8", "fp16", "fp32")
 DEFAULT_WEIGHT_FORMAT = {KIND_TARGET: "int8", KIND_DRAFT: "int8"}
 
 # model_type values optimum-intel 2.2.0 exports to OpenVINO for "text-generation-with-past"
-# (TasksManager, exporter="openvino"; tests/test_inspect_folder.py compares with the installed one).
+# (TasksManager, exporter="openvino"; tests/engine/test_inspect_folder.py compares with the installed one).
 # Read from a list rather than asking optimum: importing it takes seconds and pulls in torch.
 OPTIMUM_TEXT_GENERATION_TYPES = frozenset({
     "afmoe", "aquila", "arcee", "arctic", "baichuan", "bart", "bigbird_pegasus", "biogpt", "bitnet",

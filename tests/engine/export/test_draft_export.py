@@ -168,7 +168,7 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", [None, "Qwen3ForCausalLM"])
 def test_non_dflash_checkpoints_are_refused(tmp_path: Path, arch) -> None:
-    """DSpark / DFlash v2 dispatch to their own exporters (tests/test_export_dspark_dflash2.py)."""
+    """DSpark / DFlash v2 dispatch to their own exporters (tests/engine/export/test_export_dspark_dflash2.py)."""
     ckpt = _make_ckpt(tmp_path / "ckpt")
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["architectures"] = [arch] if arch else []

@@ -11,7 +11,7 @@ from app.chat.session import IGNORED, LATE, MAX_KEPT_REPLIES, NO_TEXT, TEXT, Cha
 from app.chat.store import HistoryStore
 from engine.events import StepEvent, TextPiece
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _ev(text: str = "", draft: bool = False, step: int = 1) -> StepEvent:
