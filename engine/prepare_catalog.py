@@ -34,6 +34,7 @@ from typing import IO, Callable, ContextManager, Iterator
 from engine import catalog
 from engine.catalog import CatalogModel, Part
 from engine.checksums import verify_file
+from engine.console import stdout_to_stderr
 from engine.errors import ModelFolderError
 from engine.markers import MARKER, is_prepared, read_marker, write_marker
 from engine.prepare import (Progress, _clean_stale_staging, _GgufBpe, ask, check_against_reference, check_ir_tokenizer,
@@ -477,24 +478,6 @@ def _remove_tree(path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-@contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send whatever reaches stdout meanwhile to stderr: Python's sys.stdout and file descriptor 1
-    (C++ logs, child processes, handlers that kept the original stream)."""
-    import contextlib
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def add_prepare_args(p) -> None:
