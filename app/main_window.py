@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+import shiboken6
 from PySide6.QtCore import QSettings, QSize, Qt, QTimer, QUrl
 from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidgetItem, QMainWindow,
@@ -27,6 +28,7 @@ from app.chat.view import DRAFT_BG, ChatView
 from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
 from app.models.catalog_actions import install_catalog_actions
+from app.models.child_process import show_one
 from app.models.import_action import install_import_action
 from app.models.train_dialog import install_train_action
 from app.models.pickers import ModelPanel, default_target_ready
@@ -582,16 +584,15 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def prepare_default(self) -> None:
-        if self._prepare_dialog is not None:
-            self._prepare_dialog.raise_()
-            return
-        dlg = PrepareDialog(self.prepare_command, self)
-        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.succeeded.connect(self._prepared)
-        dlg.finished.connect(lambda _r: setattr(self, "_prepare_dialog", None))
-        self._prepare_dialog = dlg
-        dlg.open()
-        dlg.start()
+        def make() -> PrepareDialog:
+            dlg = PrepareDialog(self.prepare_command, self)
+            dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+            dlg.succeeded.connect(self._prepared)
+            return dlg
+
+        dlg, new = show_one(self, "_prepare_dialog", make)
+        if new:
+            dlg.start()
 
     def _prepared(self) -> None:
         self.notice_banner.hide()
@@ -846,7 +847,7 @@ class MainWindow(QMainWindow):
         self.plots.stop()
         self._text_timer.stop()
         self._autosave_timer.stop()
-        if self._prepare_dialog is not None:
+        if self._prepare_dialog is not None and shiboken6.isValid(self._prepare_dialog):
             self._prepare_dialog.stop()
         self.hide()
         self.server_panel.stop()  # clients' running requests finish (a few seconds) before the engine stops

@@ -3,8 +3,8 @@
 The GUI process never imports torch or optimum: conversions and training run as
 `python -m engine.cli ...` in a QProcess started here (repository root as working folder, unbuffered
 output so the log follows the work), their output shown in a `LogView` that behaves like a terminal.
-Their File-menu actions go in through `add_file_action`, and `CancelOnClose` stops a dialog's run when
-the main window closes (a child must not outlive the window).
+Their File-menu actions go in through `add_file_action`, `show_one` keeps one dialog of a kind open,
+and `CancelOnClose` stops a dialog's run when the main window closes (a child must not outlive it).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable
 import shiboken6
 from PySide6.QtCore import QEvent, QObject, QProcess, QProcessEnvironment
 from PySide6.QtGui import QAction, QFontDatabase, QTextCursor
-from PySide6.QtWidgets import QMainWindow, QMenu, QPlainTextEdit, QWidget
+from PySide6.QtWidgets import QDialog, QMainWindow, QMenu, QPlainTextEdit, QWidget
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -69,6 +69,21 @@ class LogView(QPlainTextEdit):
         cur.endEditBlock()
         if at_bottom:
             sb.setValue(sb.maximum())
+
+
+def show_one(window: QMainWindow, attr: str, make: Callable[[], QDialog]) -> tuple[QDialog, bool]:
+    """The window's one dialog of a kind, kept in `window.<attr>`: the open one is raised, else `make()`
+    builds one, which is opened and forgotten when it closes. (the dialog, whether it is new)."""
+    dlg = getattr(window, attr, None)
+    if dlg is not None and shiboken6.isValid(dlg):
+        dlg.raise_()
+        dlg.activateWindow()
+        return dlg, False
+    dlg = make()
+    dlg.finished.connect(lambda _r: setattr(window, attr, None))
+    setattr(window, attr, dlg)
+    dlg.open()
+    return dlg, True
 
 
 def file_menu(window: QMainWindow) -> QMenu:

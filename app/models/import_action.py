@@ -8,13 +8,12 @@ with the engine's reasons, as for any draft). Closing the window while an export
 """
 from __future__ import annotations
 
-import shiboken6
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMainWindow
 
 from app import settings as S
-from app.models.child_process import add_file_action
+from app.models.child_process import add_file_action, show_one
 from app.models.import_dialog import ImportDialog
 
 ACTION_TEXT = "&Import Hugging Face folder…"
@@ -33,19 +32,14 @@ def add_imported_model(panel, settings, path: str, kind: str) -> None:
 
 def open_import_dialog(window: QMainWindow, folder: str | None = None) -> ImportDialog:
     """Show the import dialog (one at a time), checking drafts against the window's current target."""
-    dlg = getattr(window, "_import_dialog", None)
-    if dlg is not None and shiboken6.isValid(dlg):
-        dlg.raise_()
-        dlg.activateWindow()
+    def make() -> ImportDialog:
+        panel = window.model_panel
+        dlg = ImportDialog(window, target_dir=panel.target_dir() or None, settings=window.settings, folder=folder)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.imported.connect(lambda path, kind: add_imported_model(panel, window.settings, path, kind))
         return dlg
-    panel = window.model_panel
-    dlg = ImportDialog(window, target_dir=panel.target_dir() or None, settings=window.settings, folder=folder)
-    dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-    dlg.imported.connect(lambda path, kind: add_imported_model(panel, window.settings, path, kind))
-    dlg.finished.connect(lambda _r: setattr(window, "_import_dialog", None))
-    window._import_dialog = dlg
-    dlg.open()
-    return dlg
+
+    return show_one(window, "_import_dialog", make)[0]
 
 
 def install_import_action(window: QMainWindow) -> QAction:

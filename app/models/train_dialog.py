@@ -19,7 +19,7 @@ from PySide6.QtGui import QAction, QFontDatabase
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QMainWindow, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.models.child_process import LogView, add_file_action, child_process
+from app.models.child_process import LogView, add_file_action, child_process, show_one
 from engine import paths
 
 ACTION_TEXT = "&Train a draft…"
@@ -265,16 +265,12 @@ def open_train_dialog(window: QMainWindow) -> TrainDialog:
     """Show the dialog (one at a time); a trained draft becomes the current draft and a recent one."""
     from app.models.import_action import add_imported_model
 
-    dlg = getattr(window, "_train_dialog", None)
-    if dlg is not None:
-        dlg.raise_()
+    def make() -> TrainDialog:
+        dlg = TrainDialog(window)
+        dlg.trained.connect(lambda path: add_imported_model(window.model_panel, window.settings, path, "draft"))
         return dlg
-    dlg = TrainDialog(window)
-    dlg.trained.connect(lambda path: add_imported_model(window.model_panel, window.settings, path, "draft"))
-    dlg.finished.connect(lambda _r: setattr(window, "_train_dialog", None))
-    window._train_dialog = dlg
-    dlg.open()
-    return dlg
+
+    return show_one(window, "_train_dialog", make)[0]
 
 
 def install_train_action(window: QMainWindow) -> QAction:
