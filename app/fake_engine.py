@@ -32,7 +32,7 @@ SAMPLE_TEXT = (
 
 @dataclass
 class FakeDraftInfo:
-    """What the app and the bench read from a real draft (`pipe.draft.info`)."""
+    """The fake draft as a draft folder declares itself (describe() reports it as a DraftDescription)."""
 
     name: str
     variant: str = "dflash_v1"
@@ -154,6 +154,16 @@ class FakePipeline:
         if isinstance(prompt, str):
             return list(range(max(1, len(prompt.split()))))
         return [int(t) if not isinstance(t, dict) else 0 for t in prompt]
+
+    def fit_chat(self, messages, max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
+        """The fake has no context limit: every turn stays."""
+        return list(messages), 0
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        return None
+
+    def clear_prefix_cache(self) -> int:
+        return 0
 
     def _check_draft_settings(self, config: GenerationConfig) -> None:
         """The engine's per-draft refusals, worded like it (ValueError naming the field)."""

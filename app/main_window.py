@@ -1,6 +1,7 @@
 """The main window: conversations, chat, model/device pickers, generation settings, live plots.
 
-The window only renders engine events and sends intent to the engine through EngineController;
+The window binds widgets to a ChatSession (app/chat/session.py: the conversations, their streaming
+replies and their files, without Qt) and sends intent to the engine through EngineController;
 everything that runs a model happens on the worker thread. Several conversations can have a reply
 streaming at once (the engine serves them in shared steps); each conversation has at most one.
 """
@@ -9,24 +10,25 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
 
-from PySide6.QtCore import QRectF, QSettings, QSize, Qt, QTimer, QUrl
-from PySide6.QtGui import (QAction, QCloseEvent, QColor, QDesktopServices, QIcon, QKeySequence, QPainter, QPen,
-                           QPixmap, QShortcut)
-from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QMainWindow, QMessageBox, QPushButton, QScrollArea,
-                               QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
+import shiboken6
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, QUrl
+from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFrame, QHBoxLayout, QLabel, QListWidgetItem, QMainWindow,
+                               QMessageBox, QPushButton, QScrollArea, QSizePolicy, QTabWidget, QVBoxLayout, QWidget)
 
 from app import logs
 from app import settings as S
+from app.chat.conversation_list import ConversationList
 from app.chat.input import ChatInput
-from app.chat.model import CANCELLED, DONE, ERROR, STREAMING, Conversation, Message, new_id
-from app.chat.store import CorruptFile, HistoryConflict, HistoryStore
+from app.chat.model import Conversation, Message
+from app.chat.session import LATE, TEXT, ChatSession
+from app.chat.store import HistoryStore
 from app.chat.view import DRAFT_BG, ChatView
 from app.compare.panel import ComparePanel
 from app.generation_panel import GenerationPanel
 from app.models.catalog_actions import install_catalog_actions
+from app.models.child_process import show_one
 from app.models.import_action import install_import_action
 from app.models.train_dialog import install_train_action
 from app.models.pickers import ModelPanel, default_target_ready
@@ -35,6 +37,7 @@ from app.models.validation import DraftValidator
 from app.plots.live import LivePlots
 from app.qt_tracking import TrackedTimer
 from app.server.panel import ServerPanel
+from app.widgets import Banner, ElidedLabel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
@@ -45,113 +48,8 @@ RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 TEXT_FLUSH_MS = 33  # fastest text refresh (~30 Hz)
 MAX_TEXT_FLUSH_MS = 200
 TEXT_SHARE = 0.25  # inserting text may use at most ~this share of the GUI thread
-MAX_KEPT_REPLIES = 16  # finished replies whose steps the live plots can show again
 AUTOSAVE_MS = 2000  # a streaming reply is saved this often: a kill loses at most ~2 s of its text
 log = logging.getLogger("dflash.window")
-
-
-class Banner(QFrame):
-    """A dismissable strip above the chat for errors and notices (never a blocking dialog)."""
-
-    def __init__(self, kind: str, parent=None) -> None:
-        super().__init__(parent)
-        self.setObjectName("errorBanner" if kind == "error" else "noticeBanner")
-        self.setProperty("kind", kind)
-        self.details = ""
-        self.title = ""
-        h = QHBoxLayout(self)
-        h.setContentsMargins(10, 6, 6, 6)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        h.addWidget(self.label, 1)
-        self.action_button = QPushButton()
-        self.action_button.setVisible(False)
-        h.addWidget(self.action_button)
-        self.details_button = QPushButton("Details…")
-        self.details_button.clicked.connect(self._show_details)
-        h.addWidget(self.details_button)
-        self.close_button = QPushButton("Dismiss")
-        self.close_button.clicked.connect(self.hide)
-        h.addWidget(self.close_button)
-        self._action: Callable[[], None] | None = None
-        self.action_button.clicked.connect(lambda: self._action and self._action())
-        self.hide()
-
-    def show_message(self, title: str, text: str, details: str = "",
-                     action: tuple[str, Callable[[], None]] | None = None) -> None:
-        self.title = title
-        self.details = details
-        self.label.setText(f"<b>{title}</b><br>{_html(text)}" if title else _html(text))
-        self.details_button.setVisible(bool(details))
-        if action:
-            self.action_button.setText(action[0])
-            self._action = action[1]
-            self.action_button.setVisible(True)
-        else:
-            self._action = None
-            self.action_button.setVisible(False)
-        self.show()
-
-    def _show_details(self) -> None:
-        box = QMessageBox(self.window())
-        box.setIcon(QMessageBox.Icon.Warning if self.property("kind") == "error" else QMessageBox.Icon.Information)
-        box.setWindowTitle(self.title or "Details")
-        box.setText(self.label.text())
-        box.setDetailedText(self.details)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.open()  # window-modal, does not block the event loop
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that shortens its text with … instead of widening the layout."""
-
-    def __init__(self, text: str = "", parent=None) -> None:
-        super().__init__(parent)
-        self._full = ""
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.setText(text)
-
-    def setText(self, text: str) -> None:  # noqa: N802
-        self._full = text
-        self.setToolTip(text)
-        self._elide()
-
-    def resizeEvent(self, e) -> None:  # noqa: N802
-        super().resizeEvent(e)
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 40))
-        super().setText(shown)
-
-
-def _dot_icon(color: str) -> QIcon:
-    """A small filled circle with a white ring (visible on a selected row too): marks conversations
-    with a reply streaming."""
-    pm = QPixmap(12, 12)
-    pm.fill(Qt.GlobalColor.transparent)
-    painter = QPainter(pm)
-    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-    painter.setPen(QPen(QColor("#ffffff"), 1.5))
-    painter.setBrush(QColor(color))
-    painter.drawEllipse(QRectF(1.5, 1.5, 9.0, 9.0))
-    painter.end()
-    icon = QIcon()
-    for mode in (QIcon.Mode.Normal, QIcon.Mode.Selected, QIcon.Mode.Active):
-        icon.addPixmap(pm, mode)  # the same dot when selected (no tint)
-    return icon
-
-
-def conversation_tooltip(conv: Conversation) -> str:
-    """The conversation list's tooltip: title, message count, last change (a time history load checked)."""
-    return (f"{conv.title}\n{len(conv.messages)} messages · "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.updated))}")
-
-
-def _html(text: str) -> str:
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>"))
 
 
 class MainWindow(QMainWindow):
@@ -172,35 +70,24 @@ class MainWindow(QMainWindow):
         self.log_path = logs.setup_logging()
         self.read_only = read_only  # another window owns this data folder: nothing here is saved
         self.lock_holder = lock_holder
-        self.store = HistoryStore(history_root or paths.history_dir(), read_only=read_only)
+        self.session = ChatSession(HistoryStore(history_root or paths.history_dir(), read_only=read_only), read_only)
+        self.session.on_error = lambda title, text: self.show_error(ErrorInfo(title, text))
+        self.session.on_notice = lambda title, text: self.notice_banner.show_message(title, text)
+        self.session.on_list_changed = self._fill_conv_list
         self.controller = EngineController(loader, flush_interval_s=flush_interval_s, parent=self)
         self.prepare_command = prepare_command
         self.engine_label = engine_label  # e.g. "demo engine" when running the fake one
         self.engine_info: EngineInfo | None = None
-        self.conversations: list[Conversation] = []
-        self.current: Conversation | None = None
-        self.streams: dict[str, tuple[Conversation, Message]] = {}  # tag -> where its text goes
-        self.stopped: set[str] = set()  # tags the person stopped (their late text is dropped)
-        # The live plots follow one reply: the conversation on screen's streaming one, else its latest
-        # one from this session, else the one they showed last. The events of the streaming replies
-        # and of the last MAX_KEPT_REPLIES finished ones are kept (tag -> conversation, events), so a
-        # switch can replay them.
-        self.plot_tag: str | None = None
-        self._stream_events: dict[str, tuple[Conversation, list]] = {}
-        self._streaming_icon = _dot_icon("#12b76a")
-        self.corrupt: list[CorruptFile] = []
         self._closing = False
         self._closed = False
         self._prepare_dialog: PrepareDialog | None = None
-        # Streamed text waits here until the next flush; the flush interval adapts to how long
+        # Streamed text waits in the session until the next flush; the flush interval adapts to how long
         # inserting took (qtconsole's approach), so long replies never starve the event loop.
-        self._pending_text: dict[str, list[tuple[str, bool]]] = {}
         self.text_interval_ms = TEXT_FLUSH_MS
         self._text_timer = TrackedTimer(self)
         self._text_timer.setSingleShot(True)
         self._text_timer.timeout.connect(self._flush_text)
         # Streaming replies are saved every AUTOSAVE_MS (their conversations, once they got new text).
-        self._unsaved: dict[str, Conversation] = {}
         self._autosave_timer = TrackedTimer(self)
         self._autosave_timer.setInterval(AUTOSAVE_MS)
         self._autosave_timer.timeout.connect(self._autosave)
@@ -216,6 +103,15 @@ class MainWindow(QMainWindow):
         self._update_actions()
         if autoload:
             QTimer.singleShot(0, self, self.autoload)
+
+    @property
+    def current(self) -> Conversation | None:
+        """The conversation on screen."""
+        return self.session.current
+
+    @property
+    def conversations(self) -> list[Conversation]:
+        return self.session.conversations
 
     # -- construction ----------------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -320,11 +216,7 @@ class MainWindow(QMainWindow):
         conv_w = QWidget()
         cv = QVBoxLayout(conv_w)
         cv.setContentsMargins(4, 4, 4, 4)
-        self.conv_list = QListWidget()
-        self.conv_list.setObjectName("conversationList")
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setEditTriggers(QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed)
+        self.conv_list = ConversationList()
         cv.addWidget(self.conv_list, 1)
         hb = QHBoxLayout()
         self.new_button = QPushButton("New")
@@ -485,68 +377,42 @@ class MainWindow(QMainWindow):
                 f"{paths.user_data_dir()} is in use by {self.lock_holder or 'another window'}, which did not "
                 "answer. This window shows the conversations but saves nothing (chats here are lost when "
                 "it closes). Close it and use the other window, or close that one and start again.")
-        else:
-            self.store.clean_stale_temp()
-        self.conversations, self.corrupt = self.store.load_all()
-        if self.corrupt:
+        shown = self.session.load(S.get_str(self.settings, S.K_LAST_CONVERSATION),
+                                  S.get_str(self.settings, S.K_SYSTEM_PROMPT))
+        corrupt = self.session.corrupt
+        if corrupt:
             lines = []
-            for c in self.corrupt:
+            for c in corrupt:
                 where = f"moved to {c.moved_to}" if c.moved_to else "left where it is"
                 lines.append(f"{c.path.name}: {c.reason} ({where})")
-            n = len(self.corrupt)
+            n = len(corrupt)
             self.notice_banner.show_message(
                 f"{n} conversation file{'s' if n != 1 else ''} could not be read",
                 "Set aside, not deleted: " + "; ".join(lines),
-                details="\n".join(f"{c.path} -> {c.moved_to}: {c.reason}" for c in self.corrupt),
+                details="\n".join(f"{c.path} -> {c.moved_to}: {c.reason}" for c in corrupt),
             )
-        last = S.get_str(self.settings, S.K_LAST_CONVERSATION)
         self._fill_conv_list()
-        target = next((c for c in self.conversations if c.id == last), None)
-        if target is None and self.conversations:
-            target = self.conversations[0]
-        if target is None:
-            target = self._make_conversation()
-        self.select_conversation(target)
+        self.select_conversation(shown)
 
     def _make_conversation(self) -> Conversation:
-        conv = Conversation(system_prompt=S.get_str(self.settings, S.K_SYSTEM_PROMPT))
-        self.conversations.insert(0, conv)
+        conv = self.session.new_conversation(S.get_str(self.settings, S.K_SYSTEM_PROMPT))
         self._fill_conv_list()
         return conv
 
     def _fill_conv_list(self) -> None:
-        self.conv_list.blockSignals(True)
-        current_id = self.current.id if self.current else None
-        self.conv_list.clear()
-        for conv in self.conversations:
-            it = QListWidgetItem(conv.title)
-            it.setData(Qt.ItemDataRole.UserRole, conv.id)
-            it.setToolTip(conversation_tooltip(conv))
-            it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
-            if self.live_tag(conv) is not None:
-                it.setIcon(self._streaming_icon)
-            self.conv_list.addItem(it)
-            if conv.id == current_id:
-                self.conv_list.setCurrentItem(it)
-        self.conv_list.blockSignals(False)
+        self.conv_list.fill(self.session.conversations, self.current, self.session.streaming_ids())
 
     def select_conversation(self, conv: Conversation) -> None:
         self.input_notice.hide()  # it was about the conversation that was on screen
         if self._text_timer.isActive():
             self._flush_text()  # the text that arrived goes to the view it was meant for first
-        self.current = conv
+        self.session.current = conv
         self.settings.setValue(S.K_LAST_CONVERSATION, conv.id)
         self.chat.set_conversation(conv)
         self.gen_panel.set_system_prompt(conv.system_prompt)
         self.conv_title.setText(conv.title)
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            if it.data(Qt.ItemDataRole.UserRole) == conv.id and self.conv_list.currentItem() is not it:
-                self.conv_list.blockSignals(True)
-                self.conv_list.setCurrentItem(it)
-                self.conv_list.blockSignals(False)
-        tag = self.live_tag(conv) or next((m.id for m in reversed(conv.messages) if m.id in self._stream_events),
-                                          None)  # its streaming reply, else its latest one from this session
+        self.conv_list.select(conv)
+        tag = self.session.plotted_reply(conv)  # its streaming reply, else its latest one from this session
         if tag is not None:
             self._follow(tag)
         self._update_actions()
@@ -567,97 +433,35 @@ class MainWindow(QMainWindow):
                                        f"Delete “{conv.title}” and its {len(conv.messages)} messages?")
             if ans != QMessageBox.StandardButton.Yes:
                 return
-        for tag, (c, _m) in list(self.streams.items()):
-            if c is conv:
-                self.controller.cancel(tag)
-                self.stopped.add(tag)
-        self.store.delete(conv)
-        self.conversations = [c for c in self.conversations if c is not conv]
-        self.current = None
+        for tag in self.session.delete(conv):
+            self.controller.cancel(tag)
         self._update_stream_marks()
-        if not self.conversations:
+        if not self.session.conversations:
             self._make_conversation()
         self._fill_conv_list()
-        self.select_conversation(self.conversations[0])
+        self.select_conversation(self.session.conversations[0])
 
     def _on_conv_selected(self, item: QListWidgetItem | None, _prev=None) -> None:
         if item is None:
             return
-        cid = item.data(Qt.ItemDataRole.UserRole)
-        conv = next((c for c in self.conversations if c.id == cid), None)
+        conv = self.session.find(item.data(Qt.ItemDataRole.UserRole))
         if conv is not None and conv is not self.current:
             self.select_conversation(conv)
 
     def _on_conv_renamed(self, item: QListWidgetItem) -> None:
-        cid = item.data(Qt.ItemDataRole.UserRole)
-        conv = next((c for c in self.conversations if c.id == cid), None)
-        title = item.text().strip()
-        if conv is not None and title and title != conv.title:
-            conv.title = title
-            self._save(conv)
-            if conv is self.current:
-                self.conv_title.setText(title)
+        conv = self.session.find(item.data(Qt.ItemDataRole.UserRole))
+        if conv is not None and self.session.rename(conv, item.text()) and conv is self.current:
+            self.conv_title.setText(conv.title)
 
     def _on_system_prompt(self, text: str) -> None:
         if self.current is not None:
             self.current.system_prompt = text
             self.settings.setValue(S.K_SYSTEM_PROMPT, text)
 
-    def _save(self, conv: Conversation) -> None:
-        if not conv.messages and not conv.system_prompt:
-            return  # nothing worth a file yet
-        if not any(c is conv for c in self.conversations):
-            return  # deleted while its reply was streaming: its late end must not bring the file back
-        self._unsaved.pop(conv.id, None)
-        if self.read_only:
-            return
-        conv.updated = time.time()
-        try:
-            self.store.save(conv)
-        except HistoryConflict as c:
-            self._keep_both(conv, c.path)
-        except OSError as e:
-            log.error("saving %s failed: %s", self.store.path_for(conv), e)
-            self.show_error(ErrorInfo("Could not save the conversation",
-                                      f"Writing {self.store.path_for(conv)} failed: {e}. "
-                                      "The conversation stays open; try again after freeing space."))
-
-    def _keep_both(self, conv: Conversation, path: Path) -> None:
-        """The file changed on disk since this window read it: never overwrite it. This window's version
-        becomes a new conversation (new file) and the one on disk is listed beside it."""
-        old_title = conv.title
-        conv.id = new_id()
-        conv.title = f"{old_title} (this window's copy)"
-        try:
-            self.store.save(conv)
-        except (OSError, HistoryConflict) as e:
-            log.error("saving the copy of %s failed: %s", path, e)
-            self.show_error(ErrorInfo("Could not save the conversation", f"Writing a copy of {path} failed: {e}."))
-            return
-        try:
-            disk = self.store.reload(path)
-        except (OSError, ValueError) as e:
-            disk = None
-            log.warning("the changed file %s could not be read back: %s", path, e)
-        if disk is not None and not any(c.id == disk.id for c in self.conversations):
-            at = next(i for i, c in enumerate(self.conversations) if c is conv)
-            self.conversations.insert(at + 1, disk)
-        elif disk is not None:
-            self.conversations = [disk if c.id == disk.id and c is not conv else c for c in self.conversations]
-        self._fill_conv_list()
-        log.warning("%s changed on disk since it was loaded; this window's version saved as %s", path,
-                    self.store.path_for(conv))
-        self.notice_banner.show_message(
-            "A conversation changed on disk: both versions kept",
-            f"“{old_title}” was saved by another program since this window loaded it ({path.name}). "
-            f"Nothing was overwritten: this window's version is now “{conv.title}”.")
-
     def _autosave(self) -> None:
         """Save the conversations whose streaming replies got text since their last save."""
-        pending, self._unsaved = self._unsaved, {}
-        for conv in pending.values():
-            self._save(conv)
-        if not self.live_tags():
+        self.session.autosave()
+        if not self.session.live_tags():
             self._autosave_timer.stop()
 
     # -- help ------------------------------------------------------------------------------------
@@ -733,8 +537,12 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_LAST_DEVICE, info.requested_device)
         self.gen_panel.set_chat_template(info.has_chat_template)
         self.gen_panel.set_recommended(recommended_decoding(info.target_dir))
-        self.gen_panel.set_draft_loaded(info.draft_dir is not None, info.max_candidates, info.draft_variant,
-                                        info.draft_has_head, info.draft_default_top_k, info.default_candidates or 0)
+        d = info.draft
+        if d is None:
+            self.gen_panel.set_draft_loaded(False)
+        else:
+            self.gen_panel.set_draft_loaded(True, d.max_candidates, d.variant, d.has_head, d.default_top_k,
+                                            d.default_candidates)
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
         label = (f"{info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
                  + f" on {info.device}")
@@ -743,7 +551,7 @@ class MainWindow(QMainWindow):
         if "Load a model" in self.input_notice.text() or "finish loading" in self.input_notice.text():
             self.input_notice.hide()
         self.error_banner.hide()
-        if self.notice_banner.isVisible() and not self.corrupt:
+        if self.notice_banner.isVisible() and not self.session.corrupt:
             self.notice_banner.hide()
         self._update_device_label()
         self._update_actions()
@@ -776,16 +584,15 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def prepare_default(self) -> None:
-        if self._prepare_dialog is not None:
-            self._prepare_dialog.raise_()
-            return
-        dlg = PrepareDialog(self.prepare_command, self)
-        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.succeeded.connect(self._prepared)
-        dlg.finished.connect(lambda _r: setattr(self, "_prepare_dialog", None))
-        self._prepare_dialog = dlg
-        dlg.open()
-        dlg.start()
+        def make() -> PrepareDialog:
+            dlg = PrepareDialog(self.prepare_command, self)
+            dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+            dlg.succeeded.connect(self._prepared)
+            return dlg
+
+        dlg, new = show_one(self, "_prepare_dialog", make)
+        if new:
+            dlg.start()
 
     def _prepared(self) -> None:
         self.notice_banner.hide()
@@ -803,7 +610,7 @@ class MainWindow(QMainWindow):
             return self._not_sent("Load a model first (Session panel → Load).")
         if self.controller.loading:
             return self._not_sent("Wait for the model to finish loading.")
-        if self.current is not None and self.live_tag(self.current) is not None:
+        if self.current is not None and self.session.live_tag(self.current) is not None:
             return self._not_sent("This conversation's reply is still streaming: wait for it or press Esc "
                                   "to stop it (other conversations can chat meanwhile). Your message stays here.")
         if self.controller.benchmarking:
@@ -811,32 +618,18 @@ class MainWindow(QMainWindow):
                                   "wait for it; your message stays here.")
         info = self.engine_info
         try:
-            config = self.gen_panel.config(with_draft=info.draft_dir is not None)
+            config = self.gen_panel.config(with_draft=info.draft is not None)
         except ValueError as e:
             self._bad_setting(str(e))
             return False
         conv = self.current or self._make_conversation()
-        user = Message("user", text)
-        conv.messages.append(user)
-        self.chat.message_added(user)
-        if info.has_chat_template:
-            prompt: Any = conv.chat_messages()
-            chat = True
-        else:
-            prompt, chat = text, False  # a base model continues the text
-        reply = Message("assistant", status=STREAMING)
-        conv.messages.append(reply)
-        self.chat.message_added(reply)
-        conv.auto_title()
+        turn = self.session.start_turn(conv, text, info.has_chat_template, on_added=self.chat.message_added)
         self.input.clear()
         self._refresh_title(conv)
-        self.streams[reply.id] = (conv, reply)
-        self._stream_events[reply.id] = (conv, [])
-        self._save(conv)
-        self._follow(reply.id)
+        self._follow(turn.tag)
         self._update_stream_marks()
         self._show_streaming_state()
-        self.controller.generate(GenerateRequest(reply.id, prompt, config, chat))
+        self.controller.generate(GenerateRequest(turn.tag, turn.prompt, config, turn.chat))
         self.input_notice.hide()
         self._autosave_timer.start()
         self._update_actions()
@@ -849,71 +642,52 @@ class MainWindow(QMainWindow):
         self.state_label.setText(why)
         return False
 
-    def live_tag(self, conv: Conversation) -> str | None:
-        """The tag of `conv`'s streaming reply (not stopped), if it has one."""
-        return next((t for t, (c, _m) in self.streams.items() if c is conv and t not in self.stopped), None)
-
-    def live_tags(self) -> list[str]:
-        return [t for t in self.streams if t not in self.stopped]
-
     def _show_streaming_state(self) -> None:
-        n = len(self.live_tags())
+        n = len(self.session.live_tags())
         if n:
             self.state_label.setText("Generating…" if n == 1 else f"Generating {n} replies…")
 
     def _follow(self, tag: str) -> None:
         """Show `tag`'s steps in the live plots (replaying what it did so far)."""
-        conv, events = self._stream_events.get(tag, (None, []))
+        conv, events = self.session.events.get(tag, (None, []))
         if conv is not None:
             self.plots_dock.setWindowTitle(f"Live plots: {conv.title}")
-        if tag == self.plot_tag:
+        if tag == self.session.plot_tag:
             return
-        self.plot_tag = tag
+        self.session.plot_tag = tag
         self.plots.reset()
         self.plots.add_events(events)
         self.plots.stop()  # draws the replay now
-        if tag in self.streams and tag not in self.stopped:
+        if self.session.is_live(tag):
             self.plots.start()
 
     def _update_stream_marks(self) -> None:
         """A dot beside every conversation with a reply streaming."""
-        live = {id(c) for t, (c, _m) in self.streams.items() if t not in self.stopped}
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            conv = next((c for c in self.conversations if c.id == it.data(Qt.ItemDataRole.UserRole)), None)
-            on = conv is not None and id(conv) in live
-            if on != (not it.icon().isNull()):
-                self.conv_list.blockSignals(True)
-                it.setIcon(self._streaming_icon if on else QIcon())
-                self.conv_list.blockSignals(False)
+        self.conv_list.mark_streaming(self.session.streaming_ids())
 
     def stop(self) -> None:
         """Stop the shown conversation's streaming reply now (Esc, Stop): the text stops at once, the
         engine cancels it before its next step; replies of other conversations go on."""
-        tag = self.live_tag(self.current) if self.current is not None else None
+        tag = self.session.live_tag(self.current) if self.current is not None else None
         if tag is not None:
             self._stop([tag])
 
     def stop_all(self) -> None:
         """Stop every streaming reply (loading another model)."""
-        self._stop(self.live_tags())
+        self._stop(self.session.live_tags())
 
     def _stop(self, live: list[str]) -> None:
         if not live:
             return
         self._flush_text()  # what arrived before the stop is shown; nothing after it
         for tag in live:
-            self.stopped.add(tag)
             self.controller.cancel(tag)
-            conv, msg = self.streams[tag]
-            msg.status = CANCELLED
-            msg.finish_reason = "cancelled"
+        for _conv, msg in self.session.stop(live):
             self.chat.message_changed(msg)
-            self._save(conv)
-        if self.plot_tag in live:
+        if self.session.plot_tag in live:
             self.plots.stop()
         self._update_stream_marks()
-        n = len(self.live_tags())
+        n = len(self.session.live_tags())
         self.state_label.setText("Stopped." + (f" {n} repl{'y' if n == 1 else 'ies'} in other conversations still "
                                                "streaming." if n else ""))
         self._update_actions()
@@ -921,46 +695,23 @@ class MainWindow(QMainWindow):
     def _on_events(self, tag: str, events: list) -> None:
         if self._closing:
             return
-        entry = self.streams.get(tag)
-        if entry is None:
-            return
-        if tag in self.stopped:
-            # The text stopped at the click, but the engine ran these steps before it saw the cancel:
-            # the plots count them, as the engine's metrics under the reply do (one tokens-per-step).
-            kept = self._stream_events.get(tag)
-            if kept is not None:
-                kept[1].extend(events)
-            if tag == self.plot_tag:
-                self.plots.add_events(events)
-                self.plots.stop()
-            return
-        conv, msg = entry
-        self._unsaved[conv.id] = conv
-        new = self._pending_text.setdefault(tag, [])
-        for ev in events:
-            for p in ev.pieces:
-                if p.text:
-                    msg.append_piece(p.text, p.from_draft)  # the model is always up to date
-                    new.append((p.text, p.from_draft))
-        if new and not self._text_timer.isActive():
+        what = self.session.add_events(tag, events)
+        if what == TEXT and not self._text_timer.isActive():
             self._text_timer.start(self.text_interval_ms)
-        kept = self._stream_events.get(tag)
-        if kept is not None:
-            kept[1].extend(events)
-        if tag == self.plot_tag:
+        if tag == self.session.plot_tag and what != "ignored":
             self.plots.add_events(events)
+            if what == LATE:
+                self.plots.stop()
 
     def _flush_text(self) -> None:
         """Show the text that arrived since the last flush (one edit block per message)."""
         self._text_timer.stop()
-        if not self._pending_text:
+        pending = self.session.take_pending()
+        if not pending:
             return
-        pending, self._pending_text = self._pending_text, {}
         t0 = time.perf_counter()
-        for tag, pieces in pending.items():
-            entry = self.streams.get(tag)
-            if entry is not None and pieces:
-                self.chat.pieces_added(entry[1], pieces)  # a no-op unless its conversation is shown
+        for msg, pieces in pending:
+            self.chat.pieces_added(msg, pieces)  # a no-op unless its conversation is shown
         cost_ms = (time.perf_counter() - t0) * 1000.0
         self.text_interval_ms = int(min(MAX_TEXT_FLUSH_MS, max(TEXT_FLUSH_MS, cost_ms / TEXT_SHARE)))
 
@@ -968,23 +719,18 @@ class MainWindow(QMainWindow):
         # Show what is pending first: a redraw of the shown conversation (message_changed) draws its
         # messages from the model, and pending text drawn after that would appear twice.
         self._flush_text()
-        entry = self.streams.pop(tag, None)
-        self._forget_old_events()
-        was_stopped = tag in self.stopped
-        self.stopped.discard(tag)
-        if entry is None or self._closing:
+        if self._closing:
             return
-        conv, msg = entry
+        ended = self.session.finish(tag, fin.reason, fin.stats)
+        if ended is None:
+            return
+        conv, msg, was_stopped = ended
         if (fin.stats or {}).get("prefix_cache_mb") is not None:
             self.act_clear_cache.setText(f"Clear prefix cache ({fin.stats['prefix_cache_mb']:.1f} MB)")
-        msg.stats = fin.stats or None
-        msg.finish_reason = fin.reason
-        msg.status = CANCELLED if (was_stopped or fin.reason == "cancelled") else DONE
         self.chat.message_changed(msg)  # drawn now when its conversation is shown, else when it is next
-        self._save(conv)
         self._stream_ended(tag)
         if not was_stopped:
-            n = len(self.live_tags())
+            n = len(self.session.live_tags())
             done = "Done." if fin.reason != "length" else "Done (max new tokens reached)."
             if conv is not self.current:
                 done = f"“{conv.title}”: " + done[0].lower() + done[1:]
@@ -995,20 +741,15 @@ class MainWindow(QMainWindow):
         self.act_clear_cache.setText("Clear prefix cache (0.0 MB)")
         self.state_label.setText(f"Prefix cache cleared ({freed / (1 << 20):.1f} MB).")
 
-    def _forget_old_events(self) -> None:
-        """Keep the events of the streaming replies and of the last MAX_KEPT_REPLIES finished ones."""
-        done = [t for t in self._stream_events if t not in self.streams]
-        for t in done[: max(0, len(done) - MAX_KEPT_REPLIES)]:
-            del self._stream_events[t]
-
     def _stream_ended(self, tag: str) -> None:
         """The plots stop with the reply they follow (keeping its picture); the dots follow the streams."""
-        if tag == self.plot_tag:
+        if tag == self.session.plot_tag:
             self.plots.stop()
         self._update_stream_marks()
-        if not self.live_tags():
+        if not self.session.live_tags():
             self._autosave()  # saves what is left and stops the timer
-        if self.current is not None and self.live_tag(self.current) is None and "streaming" in self.input_notice.text():
+        if (self.current is not None and self.session.live_tag(self.current) is None
+                and "streaming" in self.input_notice.text()):
             self.input_notice.hide()
 
     def _bad_setting(self, message: str) -> None:
@@ -1022,21 +763,11 @@ class MainWindow(QMainWindow):
 
     def _refused(self, conv: Conversation, reply: Message, err: ErrorInfo) -> None:
         """The engine refused the request before any step: take the turn back, nothing typed is lost."""
-        i = next((j for j, m in enumerate(conv.messages) if m is reply), None)
-        text = ""
-        if i is not None:
-            del conv.messages[i]
-            if i > 0 and conv.messages[i - 1].role == "user":
-                text = conv.messages.pop(i - 1).content
-        if not conv.messages:
-            conv.title = "New conversation"
-            self.store.delete(conv)
-        else:
-            self._save(conv)
+        text = self.session.take_back(conv, reply)
         self._refresh_title(conv)
         if conv is self.current:
             self.chat.set_conversation(conv)
-        elif any(c is conv for c in self.conversations) and not self.input.toPlainText().strip():
+        elif any(c is conv for c in self.session.conversations) and not self.input.toPlainText().strip():
             # Refused within one step of sending, but the person already switched: go back to where
             # the text belongs, so the restored message is sent there once the setting is changed.
             self.select_conversation(conv)
@@ -1048,22 +779,19 @@ class MainWindow(QMainWindow):
 
     def _on_failed(self, tag: str, err: ErrorInfo) -> None:
         self._flush_text()  # as in _on_finished
-        entry = self.streams.pop(tag, None)
-        self._forget_old_events()
-        self.stopped.discard(tag)
         if self._closing:
+            self.session.end(tag)
             return
-        if entry is not None and err.stage == "start" and err.kind == "ValueError":
-            log.info("the engine refused a request: %s", err.message)
-            self._refused(entry[0], entry[1], err)
-            return
+        if err.stage == "start" and err.kind == "ValueError":
+            entry = self.session.end(tag)
+            if entry is not None:
+                log.info("the engine refused a request: %s", err.message)
+                self._refused(entry[0], entry[1], err)
+                return
         log.error("a reply failed: %s\n%s", err.message, err.details)
-        if entry is not None:
-            conv, msg = entry
-            msg.status = ERROR
-            msg.error = err.message
-            self.chat.message_changed(msg)
-            self._save(conv)
+        ended = self.session.fail(tag, err.message)
+        if ended is not None:
+            self.chat.message_changed(ended[1])
         self._stream_ended(tag)
         self.state_label.setText("The engine reported an error; the chat is intact.")
         self.show_error(err)
@@ -1084,18 +812,13 @@ class MainWindow(QMainWindow):
         self.settings.setValue(S.K_MARK_DRAFT, on)
 
     def _refresh_title(self, conv: Conversation) -> None:
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            if it.data(Qt.ItemDataRole.UserRole) == conv.id and it.text() != conv.title:
-                self.conv_list.blockSignals(True)
-                it.setText(conv.title)
-                self.conv_list.blockSignals(False)
+        self.conv_list.set_title(conv)
         if conv is self.current:
             self.conv_title.setText(conv.title)
 
     def _update_actions(self) -> None:
         # Send and Stop are about the conversation on screen: others may stream meanwhile.
-        streaming = self.current is not None and self.live_tag(self.current) is not None
+        streaming = self.current is not None and self.session.live_tag(self.current) is not None
         ready = self.engine_info is not None and not self.controller.loading
         self.send_button.setEnabled(ready and not streaming and not self.controller.benchmarking)
         self.stop_button.setEnabled(streaming)
@@ -1121,23 +844,15 @@ class MainWindow(QMainWindow):
             return
         self._closing = True
         self._save_window()
-        for tag, (conv, msg) in list(self.streams.items()):
-            if msg.status == STREAMING:
-                msg.status = CANCELLED
-                msg.finish_reason = "cancelled"
         self.plots.stop()
         self._text_timer.stop()
         self._autosave_timer.stop()
-        self._pending_text.clear()
-        if self._prepare_dialog is not None:
+        if self._prepare_dialog is not None and shiboken6.isValid(self._prepare_dialog):
             self._prepare_dialog.stop()
         self.hide()
         self.server_panel.stop()  # clients' running requests finish (a few seconds) before the engine stops
         self.controller.shutdown()  # cancels the running request and waits for the thread
-        for conv in {id(c): c for c, _m in self.streams.values()}.values():
-            self._save(conv)
-        if self.current is not None:
-            self._save(self.current)
-        self.streams.clear()
+        self.session.close()  # streaming replies end as cancelled; every touched conversation is saved
         self._closed = True
         e.accept()
+

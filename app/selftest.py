@@ -232,7 +232,7 @@ class SelfTest:
         # Signals from the worker thread are queued: connecting right after the call misses nothing.
         w.load_models(str(target), str(draft), "CPU")
         (info,) = self.wait_for("loading the models", w.controller.loaded, w.controller.load_failed)
-        if getattr(info, "draft_name", None) is None:
+        if info.draft_name is None:
             raise SelfTestError(f"the window loaded no draft ({info})")
         w.gen_panel.max_new_tokens.setValue(self.max_new_tokens)
         if not w.send(CHAT_PROMPT):

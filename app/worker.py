@@ -19,15 +19,18 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
+from engine.description import DraftDescription, EngineDescription
 from engine.errors import ContextLengthError, DeviceError, DFlashError, DraftMismatchError, ModelFolderError
-from engine.metrics import RequestMetrics
+from engine.scheduler import SchedulerConfig
+
+if TYPE_CHECKING:
+    from engine.api import Engine  # imported for real on the worker thread (it loads openvino_genai)
 
 Loader = Callable[..., Any]
 
@@ -63,22 +66,37 @@ class ErrorInfo:
                    details, type(exc).__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineInfo:
+    """What the worker loaded: the folders and device the person asked for, how long the load took, and
+    what the engine says it runs (`Engine.describe()`: the device it uses, the draft's declared shape)."""
+
     target_dir: str
     draft_dir: str | None
     requested_device: str
-    device: str  # the device the engine reports it actually uses
-    target_name: str
-    draft_name: str | None
-    has_chat_template: bool
     load_s: float
-    max_candidates: int | None = None  # the most draft tokens per step this draft proposes
-    default_candidates: int | None = None  # draft tokens per step when a request does not say (the draft's own)
-    draft_variant: str | None = None  # dflash_v1 | dspark | dflash_v2
-    draft_has_head: bool = False  # a Markov head / selector: markov_head_top_k applies
-    draft_default_top_k: int = 0
-    draft_has_confidence: bool = False
+    description: EngineDescription
+
+    @property
+    def device(self) -> str:
+        """The device the engine uses (it may have fallen back from the requested one)."""
+        return self.description.device
+
+    @property
+    def target_name(self) -> str:
+        return self.description.target
+
+    @property
+    def draft(self) -> DraftDescription | None:
+        return self.description.draft
+
+    @property
+    def draft_name(self) -> str | None:
+        return self.description.draft_name
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.description.has_chat_template
 
 
 @dataclass
@@ -98,7 +116,7 @@ class _Live:
 
     req: GenerateRequest
     rid: int
-    tally: "_Tally"
+    tokens: int = 0  # tokens its events carried (what the reply shows)
     batch: list[Any] = field(default_factory=list)
     last_flush: float = field(default_factory=time.perf_counter)
     cancel_sent: bool = False
@@ -129,12 +147,14 @@ class FinishInfo:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def default_loader(target_dir, draft_dir=None, device="CPU", **kw):
-    from engine.pipeline import SpeculativePipeline  # the real engine, imported on the worker thread
-    from engine.scheduler import SchedulerConfig
+def default_loader(target_dir, draft_dir=None, device="CPU", precision="default",
+                   scheduler: SchedulerConfig | None = None, **kw) -> Engine:
+    """The real engine (engine/api.py picks the paged pipeline or the NPU path), loaded on the worker
+    thread; the prefix cache on, so a chat's next turn reuses its history."""
+    from engine.api import load_engine
 
-    kw.setdefault("scheduler", SchedulerConfig(prefix_caching=True))  # a chat's next turn reuses its history
-    return SpeculativePipeline.load(target_dir, draft_dir, device=device, **kw)
+    return load_engine(target_dir, draft_dir, device=device, precision=precision,
+                       scheduler=scheduler or SchedulerConfig(prefix_caching=True), **kw)
 
 
 def _num(x: Any) -> float | None:
@@ -145,8 +165,9 @@ def _num(x: Any) -> float | None:
     return v if v == v else None  # drop NaN
 
 
-def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -> dict[str, Any]:
-    """Per-message stats: the engine's RequestMetrics where it has them, else what the events said."""
+def stats_from_metrics(metrics: Any, tokens: int, info: EngineInfo | None) -> dict[str, Any]:
+    """Per-message stats: the engine's metrics() (RequestMetrics), and the tokens the reply got. An
+    engine that could not give its metrics gets none made up here (source "none")."""
     s: dict[str, Any] = {}
     if metrics is not None:
         for key in ("ttft_ms", "tpot_ms", "decode_tok_s", "tokens_per_step", "acceptance_rate"):
@@ -164,11 +185,8 @@ def stats_from_metrics(metrics: Any, tally: "_Tally", info: EngineInfo | None) -
             s["device"] = str(metrics.device)
         if getattr(metrics, "draft_name", None):
             s["draft"] = str(metrics.draft_name)
-        s["source"] = "engine"
-    else:
-        s.update(tally.stats())
-        s["source"] = "events"
-    s["tokens"] = tally.tokens
+    s["source"] = "engine" if metrics is not None else "none"
+    s["tokens"] = tokens
     if "device" not in s and info is not None:
         s["device"] = info.device
     if "draft" not in s:
@@ -184,56 +202,16 @@ def request_stats(config: GenerationConfig, info: EngineInfo | None) -> dict[str
             f" seed {config.rng_seed}" if config.rng_seed is not None else "")
     else:
         s["decoding"] = "greedy"
-    if info is not None and info.draft_name:
-        if info.draft_variant:
-            s["variant"] = info.draft_variant
-        if info.draft_has_head:
+    draft = info.draft if info is not None else None
+    if draft is not None:
+        if draft.variant:
+            s["variant"] = draft.variant
+        if draft.has_head:
             k = config.markov_head_top_k
-            s["markov_head_top_k"] = info.draft_default_top_k if k is None else k
+            s["markov_head_top_k"] = draft.default_top_k if k is None else k
         if config.num_assistant_tokens:
             s["num_assistant_tokens"] = config.num_assistant_tokens
     return s
-
-
-class _Tally:
-    """What the events of one request said: the fallback when the engine has no metrics. Steps, tokens per
-    step and acceptance are counted by engine.metrics.RequestMetrics itself (the live plots count them
-    the same way), so the figure under a reply and the plot header are one number."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.first: float | None = None
-        self.last: float | None = None
-        self.tokens = 0
-        self.first_step_tokens = 0
-        self.counts = RequestMetrics()
-
-    def add(self, ev: Any) -> None:
-        n = len(ev.tokens)
-        if n:
-            now = time.perf_counter()
-            if self.first is None:
-                self.first = now
-                self.first_step_tokens = n
-            self.last = now
-        self.tokens += n
-        self.counts.record(ev)
-
-    def stats(self) -> dict[str, Any]:
-        s: dict[str, Any] = {}
-        c = self.counts
-        if self.first is not None:
-            s["ttft_ms"] = (self.first - self.t0) * 1000.0
-            decode_tokens = self.tokens - self.first_step_tokens
-            dt = (self.last or self.first) - self.first
-            if decode_tokens > 0 and dt > 0:
-                s["decode_tok_s"] = decode_tokens / dt
-            if c.target_steps:
-                s["tokens_per_step"] = c.tokens_per_step
-        if c.drafted_total:
-            s["acceptance_rate"] = c.acceptance_rate
-        s["target_steps"] = c.target_steps  # verification steps after the prefill, as the engine counts
-        return s
 
 
 class EngineWorker(QObject):
@@ -307,26 +285,14 @@ class EngineWorker(QObject):
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable message
             self.load_failed.emit(ErrorInfo.from_exception(exc, "Loading the models"))
             return
+        try:
+            description = pipe.describe()
+        except BaseException as exc:  # noqa: BLE001 - an engine that cannot say what it runs is not used
+            self.load_failed.emit(ErrorInfo.from_exception(exc, "Loading the models"))
+            return
         self._pipe = pipe  # the previous engine is dropped only once the new one works
-        info = EngineInfo(
-            target_dir=str(req["target_dir"]),
-            draft_dir=str(req["draft_dir"]) if req.get("draft_dir") else None,
-            requested_device=req["device"],
-            device=str(getattr(pipe, "device", None) or req["device"]),
-            target_name=str(getattr(pipe, "target_name", None) or Path(req["target_dir"]).name),
-            draft_name=getattr(pipe, "draft_name", None),
-            has_chat_template=bool(getattr(pipe, "has_chat_template", False)),
-            load_s=time.perf_counter() - t0,
-            max_candidates=getattr(getattr(getattr(pipe, "draft", None), "info", None), "max_candidates", None)
-            or getattr(pipe, "default_num_candidates", None) or None,
-            default_candidates=getattr(pipe, "default_num_candidates", None) or None,
-        )
-        dinfo = getattr(getattr(pipe, "draft", None), "info", None)
-        if dinfo is not None:
-            info.draft_variant = str(getattr(dinfo, "variant", "") or "") or None
-            info.draft_has_head = bool(getattr(dinfo, "has_head", False))
-            info.draft_default_top_k = int(getattr(dinfo, "default_top_k", 0) or 0)
-            info.draft_has_confidence = bool(getattr(dinfo, "has_confidence", False))
+        info = EngineInfo(str(req["target_dir"]), str(req["draft_dir"]) if req.get("draft_dir") else None,
+                          req["device"], time.perf_counter() - t0, description)
         self._info = info
         self.loaded.emit(info)
 
@@ -372,15 +338,14 @@ class EngineWorker(QObject):
             else:
                 self.failed.emit(tag, ErrorInfo("No model loaded", "Load a target model before sending a message."))
             return
-        tally = _Tally()
         if req.sink is not None:
             rid = req.sink.admit(pipe, self._info)
             if rid is not None:
-                self._live[rid] = _Live(req, rid, tally)
+                self._live[rid] = _Live(req, rid)
             return
         prompt, dropped = req.prompt, 0
         try:
-            if req.chat and isinstance(prompt, list) and hasattr(pipe, "fit_chat"):
+            if req.chat and isinstance(prompt, list):
                 prompt, dropped = pipe.fit_chat(prompt, req.config.max_new_tokens)  # the engine's context rule
             rid = pipe.add_request(prompt, req.config, chat=req.chat)
         except BaseException as exc:  # noqa: BLE001 - a bad setting fails this request only
@@ -388,7 +353,7 @@ class EngineWorker(QObject):
             err.stage = "start"
             self.failed.emit(tag, err)
             return
-        self._live[rid] = _Live(req, rid, tally, dropped_turns=dropped)
+        self._live[rid] = _Live(req, rid, dropped_turns=dropped)
         self.started.emit(tag, rid)
 
     def _step_once(self) -> None:
@@ -427,7 +392,7 @@ class EngineWorker(QObject):
             if lv is None:
                 continue
             seen.add(lv.rid)
-            lv.tally.add(ev)
+            lv.tokens += len(ev.tokens)
             lv.batch.append(ev)
             if ev.finished:
                 lv.done = True
@@ -459,18 +424,18 @@ class EngineWorker(QObject):
     def _finish(self, pipe: Any, lv: _Live) -> None:
         try:
             metrics = pipe.metrics(lv.rid)
-        except Exception:  # noqa: BLE001 - fall back to what the events said
+        except Exception:  # noqa: BLE001 - the reply is kept; its figures are missing
             metrics = None
         if lv.req.sink is not None:
             self._forget(pipe, lv.rid, lv.tag)
             lv.req.sink.finished(lv.reason, metrics)
             return
-        stats = stats_from_metrics(metrics, lv.tally, self._info)
+        stats = stats_from_metrics(metrics, lv.tokens, self._info)
         stats.update(request_stats(lv.req.config, self._info))
         stats["finish_reason"] = lv.reason
         if lv.dropped_turns:
             stats["context_dropped_turns"] = lv.dropped_turns
-        cache = getattr(pipe, "prefix_cache_stats", lambda: None)()
+        cache = pipe.prefix_cache_stats()
         if cache:
             stats["prefix_cache_mb"] = cache["memory_bytes"] / (1 << 20)
         self._forget(pipe, lv.rid, lv.tag)
@@ -479,8 +444,7 @@ class EngineWorker(QObject):
     @Slot()
     def do_clear_cache(self) -> None:
         """Forget the prefix cache (running replies keep their blocks)."""
-        clear = getattr(self._pipe, "clear_prefix_cache", None)
-        self.cache_cleared.emit(clear() if clear is not None else 0)
+        self.cache_cleared.emit(self._pipe.clear_prefix_cache() if self._pipe is not None else 0)
 
     @Slot(object)
     def do_bench(self, job: BenchJob) -> None:

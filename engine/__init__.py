@@ -1,3 +1,3 @@
 """DFlash Studio engine: block speculative decoding on the OpenVINO runtime (no Qt here)."""
 
-__version__ = "0.1.0"  # the same as pyproject.toml [project] version (tests/test_cli_errors.py checks)
+__version__ = "0.1.0"  # the same as pyproject.toml [project] version (tests/engine/test_cli_errors.py checks)

@@ -3,7 +3,8 @@
 An `Engine` serves many requests through one loop: `add_request` queues a prompt, each `step()`
 runs one target inference for the scheduled requests and returns one `StepEvent` per request that
 emitted or ended, `cancel` ends a request at the next step, `metrics` / `result` read a request's
-figures and output, and `describe()` says what is loaded. `SpeculativePipeline` (the paged engine,
+figures and output, and `describe()` says what is loaded. `fit_chat` applies the engine's context
+rule to a chat (the oldest turns left out), and the prefix cache is read and cleared through it. `SpeculativePipeline` (the paged engine,
 engine/pipeline.py), `GenAITargetPipeline` (the target alone through openvino_genai, the NPU path,
 engine/genai_target.py) and the app's fake engine all have this shape; `load_engine` picks the first
 two by device, so no consumer needs to know which one it got.
@@ -11,7 +12,7 @@ two by device, so no consumer needs to know which one it got.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from engine.config import GenerationConfig
 from engine.description import EngineDescription
@@ -35,6 +36,9 @@ class Engine(Protocol):
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]: ...
 
+    def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
+        """The messages that fit the context with max_new_tokens to spare, and how many oldest turns went."""
+
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int: ...
 
     def step(self) -> list[StepEvent]: ...
@@ -46,6 +50,12 @@ class Engine(Protocol):
     def metrics(self, request_id: int) -> RequestMetrics: ...
 
     def result(self, request_id: int) -> GenerationResult: ...
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's blocks, memory_bytes and hits; None when the engine keeps none."""
+
+    def clear_prefix_cache(self) -> int:
+        """Forget every cached prefix; the bytes it held (0 without a cache)."""
 
 
 def is_npu(device: str) -> bool:

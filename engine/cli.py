@@ -11,39 +11,14 @@ in `main`'s one error boundary: a short message that says what is wrong and what
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from engine import __version__
-from engine.console import end_line, progress_printer, say
+from engine.console import end_line, progress_printer, say, stdout_to_stderr
 from engine.errors import DFlashError, DraftMismatchError
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout meanwhile (libraries' tables and warnings, child processes) to
-    stderr, so that stdout carries only the result: sys.stdout for Python's prints, file descriptor 1
-    for what holds the old stream (a logging handler made at import) and for child processes."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout at all (a windowed app): nothing to protect
-        saved = None
-    if saved is not None:
-        os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        if saved is not None:
-            os.dup2(saved, 1)
-            os.close(saved)
 
 
 def _device_name(text: str) -> str:
@@ -124,7 +99,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
         return prepare_cli(args, progress_printer(args.quiet))
     progress = progress_printer(args.quiet)
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         if getattr(sys, "frozen", False):
             from engine.bundled import bundled_weight_format, install_default
 

@@ -1,12 +1,15 @@
-"""What the command-line tools share: the one-line progress bar and the lines a person should read.
+"""What the command-line tools share: the one-line progress bar, the lines a person should read, and
+stdout kept for the result alone.
 
 engine/cli.py, engine/bench/cli.py and the bundled install use it, so none imports another's
 private helpers (the models to load come from engine/catalog.py's resolve_models).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -44,3 +47,25 @@ def end_line() -> None:
     if _line_open:
         print(file=sys.stderr)
         _line_open = False
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout meanwhile (libraries' tables and warnings, child processes) to
+    stderr, so that stdout carries only the result: sys.stdout for Python's prints, file descriptor 1
+    for what holds the old stream (a logging handler made at import) and for child processes."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all (a windowed app): nothing to protect
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -106,6 +107,17 @@ class GenAITargetPipeline:
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat)
+
+    def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
+        """Nothing is left out here: openvino_genai applies the device's own prompt limit (NPU's static
+        MAX_PROMPT_LEN) and says so when a prompt is too long."""
+        return list(messages), 0
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        return None  # LLMPipeline keeps its own KV per call: no prefix cache to show
+
+    def clear_prefix_cache(self) -> int:
+        return 0
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()

@@ -13,7 +13,6 @@ the rules here mirror it so a checkpoint it would refuse is refused before minut
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -22,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from engine.checksums import gguf_files, sha256_file
 
 # Draft architectures (config.json architectures[0]) -> variant. The exporters define the same
 # names (engine.drafts.dflash_v1.DFLASH_V1_ARCH, dspark.DSPARK_ARCH, dflash2.DFLASH2_ARCH); they
@@ -47,7 +48,7 @@ DRAFT_WEIGHT_FORMATS = ("int8", "fp16", "fp32")
 DEFAULT_WEIGHT_FORMAT = {KIND_TARGET: "int8", KIND_DRAFT: "int8"}
 
 # model_type values optimum-intel 2.2.0 exports to OpenVINO for "text-generation-with-past"
-# (TasksManager, exporter="openvino"; tests/test_inspect_folder.py compares with the installed one).
+# (TasksManager, exporter="openvino"; tests/engine/test_inspect_folder.py compares with the installed one).
 # Read from a list rather than asking optimum: importing it takes seconds and pulls in torch.
 OPTIMUM_TEXT_GENERATION_TYPES = frozenset({
     "afmoe", "aquila", "arcee", "arctic", "baichuan", "bart", "bigbird_pegasus", "biogpt", "bitnet",
@@ -308,7 +309,7 @@ def _why_no_config(path: Path) -> str:
     if subs:
         return (f"No config.json here, but these subfolders hold one: {', '.join(subs[:5])}"
                 f"{'…' if len(subs) > 5 else ''}. Choose one of them.")
-    if list(path.glob("*.gguf")):
+    if gguf_files(path):
         return ("This folder holds GGUF files (llama.cpp's format), not a Hugging Face checkpoint. Download the "
                 "model's original Hugging Face repository (config.json, *.safetensors and the tokenizer files).")
     if list(path.glob("*.safetensors")) or list(path.glob("pytorch_model*.bin")):
@@ -675,7 +676,7 @@ def _compare_tokenizers(draft_tok: Path, target_tok: Path | None) -> tuple[str |
                       "token id were checked.")
     if target_tok is None:
         return None, "The target folder has no tokenizer.json to compare the draft's tokenizer with."
-    if _digest(draft_tok) == _digest(target_tok):
+    if sha256_file(draft_tok) == sha256_file(target_tok):
         return None, "The draft's tokenizer.json is the target's."
     try:
         a, b = _tokenizer_vocab(draft_tok), _tokenizer_vocab(target_tok)
@@ -690,14 +691,6 @@ def _compare_tokenizers(draft_tok: Path, target_tok: Path | None) -> tuple[str |
     return (f"Tokenizer: the draft's tokenizer.json differs from the target's in {len(differ)} token ids (id {first}: "
             f"{by_id_a.get(first)!r} vs {by_id_b.get(first)!r}), so the draft would propose other tokens than it "
             "means."), None
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------

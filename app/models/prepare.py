@@ -2,16 +2,12 @@
 streamed into a log."""
 from __future__ import annotations
 
-import re
 import sys
-from pathlib import Path
 
-from PySide6.QtCore import QProcess, QProcessEnvironment, Signal
-from PySide6.QtGui import QFontDatabase, QTextCursor
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QProgressBar,
-                               QVBoxLayout)
+from PySide6.QtCore import QProcess, Signal
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QVBoxLayout
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from app.models.child_process import LogView, child_process
 
 
 def default_prepare_command(model: str | None = None) -> tuple[str, list[str]]:
@@ -43,24 +39,14 @@ class PrepareDialog(QDialog):
         self.progress = QProgressBar()
         self.progress.setRange(0, 0)
         lay.addWidget(self.progress)
-        self.log = QPlainTextEdit()
-        self.log.setReadOnly(True)
-        self.log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.log.setMaximumBlockCount(5000)
-        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.log = LogView()
         lay.addWidget(self.log, 1)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.buttons.rejected.connect(self.reject)
         lay.addWidget(self.buttons)
         self.exit_code: int | None = None
-        self._carriage = False  # a bare \r arrived: the next text redraws the current line
 
-        self.proc = QProcess(self)
-        self.proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
-        self.proc.setWorkingDirectory(str(REPO_ROOT))
-        env = QProcessEnvironment.systemEnvironment()
-        env.insert("PYTHONUNBUFFERED", "1")
-        self.proc.setProcessEnvironment(env)
+        self.proc = child_process(self)
         self.proc.readyReadStandardOutput.connect(self._read)
         self.proc.finished.connect(self._finished)
         self.proc.errorOccurred.connect(self._error)
@@ -70,28 +56,8 @@ class PrepareDialog(QDialog):
         self.proc.start(self.program, self.args)
 
     def write(self, data: str) -> None:
-        """Append output like a terminal: \\n starts a line, a bare \\r redraws the current one
-        (progress bars), so a progress bar stays one line in the log."""
-        sb = self.log.verticalScrollBar()
-        at_bottom = sb.value() >= sb.maximum() - 4
-        cur = self.log.textCursor()
-        cur.movePosition(QTextCursor.MoveOperation.End)
-        cur.beginEditBlock()
-        for part in re.split(r"(\r\n|\n|\r)", data):
-            if part in ("\n", "\r\n"):
-                cur.insertBlock()
-                self._carriage = False
-            elif part == "\r":
-                self._carriage = True
-            elif part:
-                if self._carriage:
-                    cur.movePosition(QTextCursor.MoveOperation.StartOfBlock, QTextCursor.MoveMode.KeepAnchor)
-                    cur.removeSelectedText()
-                    self._carriage = False
-                cur.insertText(part)
-        cur.endEditBlock()
-        if at_bottom:
-            sb.setValue(sb.maximum())
+        """Append output like a terminal (a progress bar stays one line in the log)."""
+        self.log.write(data)
 
     def _read(self) -> None:
         data = bytes(self.proc.readAllStandardOutput()).decode("utf-8", errors="replace")

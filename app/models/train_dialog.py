@@ -14,12 +14,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QProcess, QProcessEnvironment, Signal
+from PySide6.QtCore import QProcess, Signal
 from PySide6.QtGui import QAction, QFontDatabase
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QMainWindow, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.models.import_dialog import REPO_ROOT, LogView
+from app.models.child_process import LogView, add_file_action, child_process, show_one
 from engine import paths
 
 ACTION_TEXT = "&Train a draft…"
@@ -131,11 +131,7 @@ class TrainDialog(QDialog):
         self.cpu_check.toggled.connect(self._update)
         self.target_edit.textChanged.connect(self._suggest_out)
 
-        self.proc = QProcess(self)
-        self.proc.setWorkingDirectory(str(REPO_ROOT))
-        env = QProcessEnvironment.systemEnvironment()
-        env.insert("PYTHONUNBUFFERED", "1")
-        self.proc.setProcessEnvironment(env)
+        self.proc = child_process(self, merged=False)  # progress ("step N/M") comes on stderr
         self.proc.readyReadStandardOutput.connect(self._read_out)
         self.proc.readyReadStandardError.connect(self._read_err)
         self.proc.finished.connect(self._finished)
@@ -265,53 +261,23 @@ class TrainDialog(QDialog):
         super().reject()
 
 
-class _CancelOnClose(QObject):
-    def __init__(self, window: QMainWindow) -> None:
-        super().__init__(window)
-        self.window = window
-
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802
-        if obj is self.window and event.type() == QEvent.Type.Close:
-            dlg = getattr(self.window, "_train_dialog", None)
-            if dlg is not None:
-                dlg.cancel()
-        return False
-
-
 def open_train_dialog(window: QMainWindow) -> TrainDialog:
     """Show the dialog (one at a time); a trained draft becomes the current draft and a recent one."""
     from app.models.import_action import add_imported_model
 
-    dlg = getattr(window, "_train_dialog", None)
-    if dlg is not None:
-        dlg.raise_()
+    def make() -> TrainDialog:
+        dlg = TrainDialog(window)
+        dlg.trained.connect(lambda path: add_imported_model(window.model_panel, window.settings, path, "draft"))
         return dlg
-    dlg = TrainDialog(window)
-    dlg.trained.connect(lambda path: add_imported_model(window.model_panel, window.settings, path, "draft"))
-    dlg.finished.connect(lambda _r: setattr(window, "_train_dialog", None))
-    window._train_dialog = dlg
-    dlg.open()
-    return dlg
+
+    return show_one(window, "_train_dialog", make)[0]
 
 
 def install_train_action(window: QMainWindow) -> QAction:
     """Add File → Train a draft… right after the import action and return it."""
-    act = QAction(ACTION_TEXT, window)
-    act.setObjectName("actTrainDraft")
-    act.setStatusTip("Train a draft for a chat model from its own answers (needs torch and a GPU)")
-    imp = getattr(window, "act_import_hf", None)
-    menu = None
-    for a in window.menuBar().actions():
-        if a.menu() is not None and a.text().replace("&", "") == "File":
-            menu = a.menu()
-    menu = menu or window.menuBar().addMenu("&File")
-    actions = menu.actions()
-    if imp is not None and imp in actions and actions.index(imp) + 1 < len(actions):
-        menu.insertAction(actions[actions.index(imp) + 1], act)
-    else:
-        menu.addAction(act)
-    act.triggered.connect(lambda: open_train_dialog(window))
+    act = add_file_action(window, ACTION_TEXT, "actTrainDraft",
+                          "Train a draft for a chat model from its own answers (needs torch and a GPU)",
+                          lambda: open_train_dialog(window), after=getattr(window, "act_import_hf", None),
+                          dialog=("_train_dialog", "cancel"))
     window.act_train_draft = act
-    window._train_dialog = None
-    window.installEventFilter(_CancelOnClose(window))
     return act

@@ -66,6 +66,13 @@ def load_variant_checkpoint(cls: type, what: str, ckpt_dir: Path, dtype: torch.d
     return model.to(dtype).eval(), cfg
 
 
+def save_variant_checkpoint(model: nn.Module, config: Mapping[str, Any], ckpt_dir: Path) -> Path:
+    """A DSpark / DFlash v2 folder: the model's tensors with DeepSpec's names, plus the embed_tokens /
+    lm_head copies the model carries (when it carries them)."""
+    return save_state(model, config, ckpt_dir, {"embed_tokens.weight": getattr(model, "embed_tokens_weight", None),
+                                                "lm_head.weight": getattr(model, "lm_head_weight", None)})
+
+
 def save_state(model: nn.Module, config: Mapping[str, Any], ckpt_dir: Path,
                extra: Mapping[str, torch.Tensor | None] | None = None) -> Path:
     from safetensors.torch import save_file

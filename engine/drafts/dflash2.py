@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.drafts.checkpoint import load_variant_checkpoint, save_state
+from engine.drafts.checkpoint import load_variant_checkpoint, save_variant_checkpoint
 from engine.drafts.dflash_v1 import FULL_ATTENTION, SLIDING_ATTENTION, DFlashV1Config, DFlashV1Draft, KVCache
 from engine.drafts.dspark import backbone_config
 from engine.drafts.heads import HEAD_SELECTOR, HeadWeights
-from engine.drafts.walks import WalkResult, as_tensor, lattice_walk, run_backbone
+from engine.drafts.walks import WalkResult, lattice_walk, reference_rows
 from engine.errors import ModelFolderError
 
 DFLASH2_ARCH = "DFlash2DraftModel"
@@ -309,8 +309,7 @@ def load_dflash2_checkpoint(ckpt_dir: Path, dtype: torch.dtype = torch.float32) 
 
 
 def save_dflash2_checkpoint(model: DFlash2Draft, config: Mapping[str, Any], ckpt_dir: Path) -> Path:
-    return save_state(model, config, ckpt_dir,
-                      {"embed_tokens.weight": model.embed_tokens_weight, "lm_head.weight": model.lm_head_weight})
+    return save_variant_checkpoint(model, config, ckpt_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,16 +334,8 @@ def reference_step(
     mode: "topk" (the selector walk, K = top_k or selector_top_k) or "none" (argmax of U per row);
     "dense" raises, as the engine refuses it for v2.
     """
-    draft.eval()
-    e = as_tensor(embed if embed is not None else draft.embed_tokens_weight)
-    w = as_tensor(lm_head if lm_head is not None else draft.lm_head_weight)
-    n = int(num_candidates)
-    if n < 1:
-        raise ValueError("num_candidates must be >= 1")
-    ids = torch.tensor([int(anchor)] + [draft.cfg.mask_token_id] * n)
-    h, kv = run_backbone(draft, draft.scale_embeddings(e[ids]), context, past_key_values, start_position)
-    rows = h[1:]
-    unary = draft.unary_logits(rows, w)
+    rows, unary, kv = reference_rows(draft, embed, lm_head, anchor, context, num_candidates, 1, past_key_values,
+                                     start_position, draft.scale_embeddings)
     tokens = lattice_walk(unary, int(anchor), mode, int(top_k or draft.default_top_k), draft.edge_bias, None, rows)
     return WalkResult(np.array(tokens, np.int64), rows, unary, None, kv)
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.drafts.checkpoint import load_variant_checkpoint, save_state
+from engine.drafts.checkpoint import load_variant_checkpoint, save_variant_checkpoint
 from engine.drafts.dflash_v1 import (
     DFLASH_V1_ARCH,
     DFlashV1Config,
@@ -39,7 +39,7 @@ from engine.drafts.dflash_v1 import (
     random_draft_config,
 )
 from engine.drafts.heads import HEAD_GATED, HEAD_NONE, HEAD_VANILLA, HeadWeights
-from engine.drafts.walks import WALK_MODES, WalkResult, as_tensor, lattice_walk, run_backbone  # noqa: F401
+from engine.drafts.walks import WALK_MODES, WalkResult, lattice_walk, reference_rows  # noqa: F401
 from engine.errors import ModelFolderError
 
 DSPARK_ARCH = "Qwen3DSparkModel"
@@ -288,8 +288,7 @@ def load_dspark_checkpoint(ckpt_dir: Path, dtype: torch.dtype = torch.float32) -
 
 def save_dspark_checkpoint(model: DSparkDraft, config: Mapping[str, Any], ckpt_dir: Path) -> Path:
     """Write config.json + model.safetensors with DeepSpec's names (embed/lm_head copies when present)."""
-    return save_state(model, config, ckpt_dir,
-                      {"embed_tokens.weight": model.embed_tokens_weight, "lm_head.weight": model.lm_head_weight})
+    return save_variant_checkpoint(model, config, ckpt_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,16 +315,8 @@ def reference_step(
     mode: "none" (argmax per row), "topk" (the Top-K scorer walk, K = top_k or the draft's default),
     "dense" (the dense Markov walk). A draft without a Markov head ignores the mode (argmax).
     """
-    draft.eval()
-    e = as_tensor(embed if embed is not None else draft.embed_tokens_weight)
-    w = as_tensor(lm_head if lm_head is not None else draft.lm_head_weight)
-    n = int(num_candidates)
-    if n < 1:
-        raise ValueError("num_candidates must be >= 1")
-    ids = torch.tensor([int(anchor)] + [draft.cfg.mask_token_id] * (n - 1))
-    h, kv = run_backbone(draft, e[ids], context, past_key_values, start_position)
-    rows = h  # offset 0: every block row is a candidate row
-    unary = draft.unary_logits(rows, w)
+    rows, unary, kv = reference_rows(draft, embed, lm_head, anchor, context, num_candidates, 0, past_key_values,
+                                     start_position)  # offset 0: every block row is a candidate row
     has_head = draft.markov_head is not None
     tokens = lattice_walk(
         unary, int(anchor), mode, int(top_k or draft.default_top_k),

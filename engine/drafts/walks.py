@@ -78,3 +78,24 @@ def run_backbone(draft: DFlashV1Draft, embeds: torch.Tensor, context: Any, past_
     pos = torch.arange(start, start + ctx.shape[0] + embeds.shape[0])[None]
     h, kv = draft(embeds[None], ctx[None], pos, past_key_values)
     return h[0], kv
+
+
+def reference_rows(draft: Any, embed: Any, lm_head: Any, anchor: int, context: Any, num_candidates: int,
+                   offset: int, past_key_values: KVCache | None, start_position: int | None,
+                   scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+    """(candidate rows [N, H], their unary logits U [N, V], K/V) of one reference draft step: the block
+    [anchor, MASK x (N - 1 + offset)] through the backbone, candidate rows from `offset` on (DSpark 0,
+    DFlash v2 1). embed / lm_head: the target's [V, H] tables (None = the checkpoint's copies); `scale`
+    maps the block's embeddings first (DFlash v2's input scale)."""
+    draft.eval()
+    e = as_tensor(embed if embed is not None else draft.embed_tokens_weight)
+    w = as_tensor(lm_head if lm_head is not None else draft.lm_head_weight)
+    n = int(num_candidates)
+    if n < 1:
+        raise ValueError("num_candidates must be >= 1")
+    embeds = e[torch.tensor([int(anchor)] + [draft.cfg.mask_token_id] * (n - 1 + offset))]
+    h, kv = run_backbone(draft, scale(embeds) if scale is not None else embeds, context, past_key_values,
+                         start_position)
+    rows = h[offset:]
+    return rows, draft.unary_logits(rows, w), kv

@@ -15,9 +15,7 @@ The block's own K/V never enter the state, so a rejected draft needs no state ro
 """
 from __future__ import annotations
 
-import json
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,10 +32,9 @@ from engine.export.ir import (  # noqa: F401  (DRAFT_XML, WEIGHT_FORMATS, state_
     check_weight_format,
     make_stateful,
     present_output_name,
-    replace_dir,
-    save_ir,
     state_name,
     trace_inputs,
+    write_draft_folder,
 )
 from engine.models.draft_vocab import VOCAB_FILE
 
@@ -126,18 +123,4 @@ def _export_ir(input_dir: Path, output_dir: Path, weight_format: str) -> Path:
 
         return export_dflash2_draft(input_dir, output_dir, weight_format)
     model, config = load_checkpoint(input_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should look like any other
-    try:
-        ov_model = build_ir(model, config)
-        save_ir(ov_model, tmp, weight_format)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        gen_cfg = input_dir / "generation_config.json"
-        if gen_cfg.is_file():
-            shutil.copy2(gen_cfg, tmp / gen_cfg.name)
-        replace_dir(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return output_dir
+    return write_draft_folder(input_dir, output_dir, config, build_ir(model, config), {}, weight_format)

@@ -23,7 +23,8 @@ checkpoints) cannot live in the backbone, which never sees the walked predecesso
 ``sigmoid(w_h . h + w_e . W1[prev] + b)`` is an extra ``confidence`` output of both head IRs.
 
 The weights and numpy references are engine/drafts/heads.py; the torch references are the head
-modules in engine/drafts/dspark.py and engine/drafts/dflash2.py; tests/test_export_dspark_dflash2.py checks the IRs against them.
+modules in engine/drafts/dspark.py and engine/drafts/dflash2.py;
+tests/engine/export/test_export_dspark_dflash2.py checks the IRs against them.
 """
 from __future__ import annotations
 

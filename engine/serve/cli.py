@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
 
 
 def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Namespace], tuple]) -> int:
-    from engine.pipeline import SpeculativePipeline
+    from engine.api import load_engine
     from engine.scheduler import SchedulerConfig
     from engine.serve.app import create_app
     from engine.serve.bridge import Bridge
@@ -59,10 +59,10 @@ def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Names
         target, draft = resolve_models(args)
         print(f"Loading {target.name}" + (f" + {draft.name}" if draft else " (no draft)") + f" on {args.device}…",
               file=sys.stderr, flush=True)
-        pipe = SpeculativePipeline.load(target, draft, device=args.device, precision=args.precision,
-                                        scheduler=SchedulerConfig(max_num_seqs=args.max_running,
-                                                                  prefix_caching=args.prefix_caching == "on"))
-        model = served_model(str(target), pipe.draft_name)
+        pipe = load_engine(target, draft, device=args.device, precision=args.precision,
+                           scheduler=SchedulerConfig(max_num_seqs=args.max_running,
+                                                     prefix_caching=args.prefix_caching == "on"))
+        model = served_model(str(target), pipe.describe().draft_name)
     except BaseException:
         sock.close()
         raise

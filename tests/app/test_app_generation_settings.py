@@ -92,7 +92,7 @@ def test_markov_head_k_only_for_drafts_with_a_head(make_window, qtbot, model_dir
 
     w = make_window({"draft_variant": "dspark", "draft_head_top_k": 8, "confidence": True})
     g = w.gen_panel
-    assert w.engine_info.draft_variant == "dspark" and w.engine_info.draft_has_head
+    assert w.engine_info.draft.variant == "dspark" and w.engine_info.draft.has_head
     assert g.form.isRowVisible(g._rows["markov_head_top_k"])
     assert "default (8)" in g.markov_top_k.specialValueText()
     assert "dense Markov walk" in g.markov_head_top_k_note.text()
@@ -123,7 +123,7 @@ def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
     assert w.input.toPlainText() == "dense please"
     assert "markov_head_top_k=0" in g.field_error("markov_head_top_k")
     assert "dense please" not in w.chat.toPlainText()
-    assert not w.streams and w.send_button.isEnabled()
+    assert not w.session.streams and w.send_button.isEnabled()
     g.markov_top_k.setValue(8)
     with qtbot.waitSignal(w.controller.finished, timeout=10000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
@@ -139,7 +139,7 @@ def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeyp
     monkeypatch.setattr(FakePipeline, "default_num_candidates", property(lambda self: 3))
     w = make_window()
     g = w.gen_panel
-    assert w.engine_info.default_candidates == 3 and w.engine_info.max_candidates == 7
+    assert w.engine_info.draft.default_candidates == 3 and w.engine_info.draft.max_candidates == 7
     assert g.num_assistant.value() == 0 and g.num_assistant.specialValueText() == "draft's default (3)"
     assert g.num_assistant.maximum() == 7 and g.num_assistant.isEnabled()
     assert g.config(with_draft=True).num_assistant_tokens is None  # unset: the engine applies its default

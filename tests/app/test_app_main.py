@@ -74,7 +74,9 @@ def test_worker_runs_the_engine_on_one_other_thread_and_batches(qtbot):
         assert c.shutdown(5000)
 
 
-def test_engine_without_metrics_falls_back_to_event_counts(qtbot):
+def test_engine_whose_metrics_fail_still_finishes_the_reply(qtbot):
+    """The figures under a reply are the engine's metrics() alone: when it cannot give them, the reply
+    still ends with its text's token count and no figures made up by the window."""
     from app.fake_engine import FakePipeline
 
     class NoMetrics(FakePipeline):
@@ -87,8 +89,9 @@ def test_engine_without_metrics_falls_back_to_event_counts(qtbot):
             c.load("/", "/draft", "CPU")
         with qtbot.waitSignal(c.finished, timeout=5000) as b:
             c.generate(GenerateRequest("t", "hi", GenerationConfig(max_new_tokens=50), chat=False))
-        st = b.args[1].stats
-        assert st["source"] == "events" and st["tokens"] == 50
-        assert st["tokens_per_step"] > 1 and 0 < st["acceptance_rate"] <= 1 and "ttft_ms" in st
+        fin = b.args[1]
+        st = fin.stats
+        assert fin.reason == "length" and st["source"] == "none" and st["tokens"] == 50
+        assert not {"ttft_ms", "tokens_per_step", "acceptance_rate", "decode_tok_s"} & set(st)
     finally:
         c.shutdown()

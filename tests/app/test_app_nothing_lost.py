@@ -129,7 +129,7 @@ def test_the_window_keeps_both_versions_on_a_conflict(make_window, app_home, qtb
     with qtbot.waitSignal(w.controller.finished, timeout=10000):
         _send(w, qtbot, "first question")
     conv = w.current
-    path = w.store.path_for(conv)
+    path = w.session.store.path_for(conv)
     other = HistoryStore(path.parent)  # another program (an old second window) saves the same file
     (theirs,), _ = other.load_all()
     theirs.messages.append(Message("user", "their message"))
@@ -139,7 +139,7 @@ def test_the_window_keeps_both_versions_on_a_conflict(make_window, app_home, qtb
         _send(w, qtbot, "second question")
     assert path.read_text() == disk, "their newer file is untouched"
     assert conv.id != path.stem and "(this window's copy)" in conv.title
-    mine = HistoryStore(path.parent).parse(w.store.path_for(conv))
+    mine = HistoryStore(path.parent).parse(w.session.store.path_for(conv))
     assert [m.content for m in mine.messages if m.role == "user"] == ["first question", "second question"]
     ids = [c.id for c in w.conversations]
     assert path.stem in ids and conv.id in ids, "both are listed"
@@ -152,7 +152,7 @@ def test_a_streaming_reply_is_on_disk_within_seconds_and_reloads_interrupted(mak
     w.gen_panel.max_new_tokens.setValue(2000)
     _send(w, qtbot, "tell me a long story")
     reply = w.current.messages[-1]
-    path = w.store.path_for(w.current)
+    path = w.session.store.path_for(w.current)
     t0 = time.monotonic()
     # What a kill now would leave on disk: read it as the next start would.
     qtbot.waitUntil(lambda: len(HistoryStore.parse(path).messages[-1].content) > 0, timeout=6000)

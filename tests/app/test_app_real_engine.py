@@ -79,8 +79,8 @@ def test_real_cancel_mid_stream(make_window, qtbot, request, tiny_qwen3_target):
     w.gen_panel.max_new_tokens.setValue(4000)
     w.gen_panel.system_prompt.setPlainText("")
     assert w.send("Tell a long story.")
-    qtbot.waitUntil(lambda: len(w.current.messages[-1].content) > 0 or not w.streams, timeout=60000)
-    if not w.streams:
+    qtbot.waitUntil(lambda: len(w.current.messages[-1].content) > 0 or not w.session.streams, timeout=60000)
+    if not w.session.streams:
         pytest.skip("the tiny model stopped (eos) before it could be cancelled")
     with qtbot.waitSignal(w.controller.finished, timeout=60000) as b:
         w.stop()

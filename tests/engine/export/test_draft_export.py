@@ -168,7 +168,7 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", [None, "Qwen3ForCausalLM"])
 def test_non_dflash_checkpoints_are_refused(tmp_path: Path, arch) -> None:
-    """DSpark / DFlash v2 dispatch to their own exporters (tests/test_export_dspark_dflash2.py)."""
+    """DSpark / DFlash v2 dispatch to their own exporters (tests/engine/export/test_export_dspark_dflash2.py)."""
     ckpt = _make_ckpt(tmp_path / "ckpt")
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["architectures"] = [arch] if arch else []
@@ -196,7 +196,7 @@ def test_failure_during_conversion_keeps_old_output(tmp_path: Path, monkeypatch:
     def boom(*_a, **_k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("engine.export.draft.save_ir", boom)
+    monkeypatch.setattr("engine.export.ir.save_ir", boom)  # every draft folder is written there
     with pytest.raises(RuntimeError, match="disk full"):
         export_draft(ckpt, tmp_path / "ir")
     assert (out / "openvino_model.bin").read_bytes() == before

@@ -1,7 +1,7 @@
 """A draft's sub-vocabulary (engine/models/draft_vocab.py): the lm_head scores only its tokens.
 
 What must hold: the sliced lm_head gives exactly the full logits' columns, no candidate is ever
-outside the set, greedy output still equals the target alone's (f32, tests/test_pipeline.py), a bad
+outside the set, greedy output still equals the target alone's (f32, tests/engine/test_pipeline.py), a bad
 file is refused naming the fix, and the file travels from a checkpoint through the export.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from app.chat.model import Conversation, Message
 from app.chat.store import HistoryStore
 from app.chat.view import ChatView, format_stats
-from app.main_window import conversation_tooltip
+from app.chat.conversation_list import conversation_tooltip
 
 ISSUE_REPRO = ('{"kind":"conversation","title":"x","updated":9e12}\n'
                '{"kind":"message","role":"assistant","content":"x","stats":{"ttft_ms":null}}\n')

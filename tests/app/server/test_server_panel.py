@@ -21,6 +21,11 @@ from engine.config import GenerationConfig
 from fixtures.tiny_drafts import TRAIN_PROMPTS
 
 
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_qwen3_drafts):
+    return tiny_qwen3_drafts["b8_trained"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
 """The installed app's bundled default model (engine/bundled.py): `generate` on a fresh data folder
 copies it the way the app's first start does, instead of stopping with "not prepared yet"; the
 bundle's `prepare` prints only the path. A stand-in bundle is made from the tiny target with a real
-completion marker (the real bundle is built by tests/test_installer.py)."""
+completion marker (the real bundle is built by tests/installer/test_installer.py)."""
 from __future__ import annotations
 
 import json

@@ -14,7 +14,7 @@ import httpx
 
 from fixtures.tiny_drafts import TRAIN_PROMPTS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _free_port() -> int:

@@ -3,7 +3,7 @@ preemption and cancellation, and acceptance metrics that count each window once.
 
 The reference for every request is its own output when run alone, through a pipeline of the same
 kind (same draft) with the default scheduler. The pipelines pin precision="f32", where greedy
-output is exact (tests/test_pipeline.py), except the default-precision runs of the all-at-once
+output is exact (tests/engine/test_pipeline.py), except the default-precision runs of the all-at-once
 scenario (row-invariant too: docs/engine.md "Row invariance"). Each scenario also asserts that it really exercised what
 it is about (several requests in one step, split windows, preemptions), so a scheduler that quietly
 serialises requests or never splits cannot pass by accident.
@@ -69,7 +69,7 @@ class Variant:
 
 @pytest.fixture(scope="module")
 def dspark_trained(tiny_qwen3_hf: Path) -> Path:
-    """Only the trained DSpark fixture (tests/variants builds all of them; this module needs one)."""
+    """Only the trained DSpark fixture (tests/engine/variants builds all of them; this module needs one)."""
     from fixtures.tiny_variant_drafts import VARIANT_SPECS, build_variant_drafts
 
     spec = next(s for s in VARIANT_SPECS if s.name == "dspark_trained")

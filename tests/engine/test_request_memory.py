@@ -2,7 +2,7 @@
 
 The tiny target's rows are small, so the memory is counted with tracemalloc (numpy's buffers are
 traced) rather than RSS: each finished request used to keep its hidden rows, draft proposals and
-logits processor, tens of KB here; the RSS bound on a real model is tests/smollm2/test_request_memory_smollm2.py.
+logits processor, tens of KB here; the RSS bound on a real model is tests/engine/smollm2/test_request_memory_smollm2.py.
 """
 from __future__ import annotations
 

@@ -254,7 +254,7 @@ def test_bad_recipes_are_refused_with_the_reason(edit, why, tiny_qwen3_hf: Path,
 def test_shipped_recipes_parse_and_fit_their_drafts() -> None:
     from engine.training.recipe import RECIPES_DIR, load_recipe
 
-    drafts = Path(__file__).resolve().parents[2] / "resources" / "drafts"
+    drafts = Path(__file__).resolve().parents[3] / "resources" / "drafts"
     for name in ("smollm2-dspark-b8", "smollm2-dflash-b8", "smollm2-dflash2-b8"):
         r = load_recipe(RECIPES_DIR / f"{name}.toml")
         cfg = json.loads((drafts / name / "config.json").read_text())
@@ -286,7 +286,7 @@ def test_two_ranks_train_one_draft(tiny_qwen3_hf: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [sys.executable, "-m", "engine.cli", "train-draft", "--target", str(tiny_qwen3_hf), "--variant", "dspark",
             "--out", str(out), "--recipe", str(recipe), "--device", "cpu", "--no-export"]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",

@@ -11,7 +11,7 @@ import pytest
 
 from engine import inspect_folder as F
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- checkpoints built without training or exporting (seconds) -------------------------------------

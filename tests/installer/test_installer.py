@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "dflash-studio"
 NOT_IN_BUNDLE = ("torch", "transformers", "optimum", "nncf", "tokenizers", "safetensors", "gguf", "diffusers")
 pytest.importorskip("PyInstaller", reason="PyInstaller is not installed: `.venv/bin/pip install -e '.[installer]'` "

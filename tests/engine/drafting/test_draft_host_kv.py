@@ -3,7 +3,7 @@
 The rewrites (state -> inputs/outputs, attention split into past and new parts) must keep a
 draft's candidates what the stateful IR gives, grow and shrink its arrays
 without changing a token, and hand every draft it cannot serve exactly back to the stateful path.
-Precision is pinned to f32 (greedy speculative output is then exact: tests/test_pipeline.py).
+Precision is pinned to f32 (greedy speculative output is then exact: tests/engine/test_pipeline.py).
 """
 from __future__ import annotations
 
