@@ -30,7 +30,7 @@ from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.files import openvino_reason
-from engine.models.properties import compile_properties, pads_single_rows
+from engine.models.properties import compile_properties, row_mode
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.folders import read_target_folder
 from engine.prefix_cache import DraftPart, PrefixCache, chain_hashes
@@ -171,7 +171,7 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb, pad_single_rows=pads_single_rows(device))
+                                 scheduler.cache_size_mb, rows=row_mode(device))
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
@@ -384,7 +384,7 @@ class SpeculativePipeline:
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
                          self._rotate)
         self._rotate += 1
-        plan = self._reserve(plan, stats)
+        plan = self._reserve([(r, _one_kind_of_rows(r, n)) for r, n in plan], stats)
         if not plan:
             return events
         timings = StepTimings()
@@ -392,10 +392,12 @@ class SpeculativePipeline:
         chunks = []
         for req, rows in plan:
             if req.decoding:
-                chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows))
+                chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows,
+                                       alone=True))
             else:
                 last = req.fed + rows == len(req.feed) and not req.resume
-                chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last)))
+                chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last),
+                                       alone=req.fed >= len(req.prompt_ids)))
         want_logits = any(r.processor is not None and c.logit_rows for (r, _), c in zip(plan, chunks))
         t1 = time.perf_counter()
         out = self.target.infer(chunks, want_logits)
@@ -703,6 +705,14 @@ class SpeculativePipeline:
                 if event.request_id == rid and on_event is not None and on_event(event):
                     self.cancel(rid)
         return self.result(rid)
+
+
+def _one_kind_of_rows(req: _Request, rows: int) -> int:
+    """A recompute chunk ends where the prompt does: prompt positions and generated ones are scored by
+    different kernels (engine/models/paged_target.py), each position always by the one it had."""
+    if req.decoding or req.fed >= len(req.prompt_ids):
+        return rows
+    return min(rows, len(req.prompt_ids) - req.fed)
 
 
 def _log(p: float) -> float:
