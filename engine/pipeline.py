@@ -384,7 +384,7 @@ class SpeculativePipeline:
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
                          self._rotate)
         self._rotate += 1
-        plan = self._reserve([(r, _one_kind_of_rows(r, n)) for r, n in plan], stats)
+        plan = self._reserve(plan, stats)
         if not plan:
             return events
         timings = StepTimings()
@@ -393,11 +393,11 @@ class SpeculativePipeline:
         for req, rows in plan:
             if req.decoding:
                 chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows,
-                                       alone=True))
+                                       prompt_rows=0))
             else:
                 last = req.fed + rows == len(req.feed) and not req.resume
                 chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last),
-                                       alone=req.fed >= len(req.prompt_ids)))
+                                       prompt_rows=max(0, min(rows, len(req.prompt_ids) - req.fed))))
         want_logits = any(r.processor is not None and c.logit_rows for (r, _), c in zip(plan, chunks))
         t1 = time.perf_counter()
         out = self.target.infer(chunks, want_logits)
@@ -705,14 +705,6 @@ class SpeculativePipeline:
                 if event.request_id == rid and on_event is not None and on_event(event):
                     self.cancel(rid)
         return self.result(rid)
-
-
-def _one_kind_of_rows(req: _Request, rows: int) -> int:
-    """A recompute chunk ends where the prompt does: prompt positions and generated ones are scored by
-    different kernels (engine/models/paged_target.py), each position always by the one it had."""
-    if req.decoding or req.fed >= len(req.prompt_ids):
-        return rows
-    return min(rows, len(req.prompt_ids) - req.fed)
 
 
 def _log(p: float) -> float:

@@ -9,10 +9,12 @@ compile setting, the largest logit difference from the one-row decode:
 - `window-k`: the continuation in windows of k rows (a verify of k-1 candidates);
 - `batch-k`: the same windows, each call shared with other requests (one decoding a row per call,
   one verifying 3-row windows, one prefilling a long prompt in chunks);
-- `chunked-c`: the prompt prefilled in chunks of c rows, then decoded a row per call.
+- `chunked-c`: the prompt prefilled in chunks of c rows, then decoded a row per call;
+- `recompute-c`: the prompt and the continuation fed in chunks of c rows, as a preempted request
+  is recomputed (a chunk can hold prompt rows and generated rows).
 
 Row 0 of every layout is the prompt's last row (the first token's logits). Generated positions
-(the decode, the windows, a neighbour's decode and verify rows) are marked `alone`, prompt rows not,
+(the decode, the windows, a neighbour's decode and verify rows) are past the chunks' `prompt_rows`,
 as the pipeline marks them; the setting's row mode (engine/models/paged_target.py) decides what that
 means. docs/engine.md has the findings this measured.
 """
@@ -129,6 +131,9 @@ class _Scorer:
         p = len(prompt)
         self.calls, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
         try:
+            if layout == "recompute":
+                self._recompute(prompt + ids, p, k, rows)
+                return np.stack(rows)
             if layout == "chunked":
                 self._prefill(prompt, k, rows)
                 k = 1
@@ -137,7 +142,7 @@ class _Scorer:
             neighbours = {seq: 0 for seq in _NEIGHBOURS} if layout == "batch" else None
             for s in range(0, len(ids), k):
                 window = ids[s: s + k]
-                chunks = [SeqChunk(_SEQ, window, p + s, len(window), alone=True)]
+                chunks = [SeqChunk(_SEQ, window, p + s, len(window), prompt_rows=0)]
                 if neighbours is not None:
                     chunks += self._neighbour_chunks(neighbours)
                 rows.extend(self._infer(chunks)[0])
@@ -145,6 +150,16 @@ class _Scorer:
             for seq in (_SEQ, *_NEIGHBOURS):
                 self.t.blocks.release(seq)
         return np.stack(rows)
+
+    def _recompute(self, feed: list[int], p: int, chunk: int, rows: list[np.ndarray]) -> None:
+        """`feed` in chunks of `chunk` rows, the first p at prompt positions; the logits of row p-1 on."""
+        s = 0
+        while s < len(feed):
+            n = min(chunk, len(feed) - s)
+            wanted = max(0, s + n - max(s, p - 1))
+            got = self._infer([SeqChunk(_SEQ, feed[s: s + n], s, wanted, prompt_rows=max(0, min(n, p - s)))])
+            rows.extend(got[0])
+            s += n
 
     def _neighbour_chunks(self, lengths: dict[int, int]) -> list[SeqChunk]:
         """A request decoding one row, one verifying 3 rows, one prefilling 48-row chunks."""
@@ -155,7 +170,7 @@ class _Scorer:
                 lengths[seq] = 0
             at = lengths[seq]
             toks = [self.neighbour_ids[(at + j) % len(self.neighbour_ids)] for j in range(rows)]
-            chunks.append(SeqChunk(seq, toks, at, min(rows, 3), alone=rows < 48))
+            chunks.append(SeqChunk(seq, toks, at, min(rows, 3), prompt_rows=rows if rows == 48 else 0))
             lengths[seq] = at + rows
         return chunks
 
@@ -168,7 +183,7 @@ def greedy_continuation(target: PagedTarget, prompt: list[int], tokens: int) -> 
     try:
         for i in range(tokens - 1):
             target.blocks.grow(_SEQ, len(prompt) + i + 1)
-            out = target.infer([SeqChunk(_SEQ, [ids[-1]], len(prompt) + i, 1, alone=True)])
+            out = target.infer([SeqChunk(_SEQ, [ids[-1]], len(prompt) + i, 1, prompt_rows=0)])
             ids.append(int(out.next_ids[0][0]))
     finally:
         target.blocks.release(_SEQ)
@@ -206,7 +221,8 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
             res.vs_first_setting = max(float(np.abs(a - b).max()) for a, b in zip(ref, first_decode[precision_key]))
         else:
             first_decode[precision_key] = ref
-        plan = [("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("chunked", c) for c in chunks]
+        plan = ([("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("chunked", c) for c in chunks]
+                + [("recompute", c) for c in chunks])
         for layout, k in plan:
             diff, equal, n, flips, secs, cpu, calls = 0.0, 0, 0, 0, 0.0, 0.0, 0
             for p, ids, r in zip(encoded, forced, ref):

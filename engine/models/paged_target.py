@@ -13,14 +13,17 @@ a sequence of one new token with other kernels than a sequence of several, and w
 it takes depends on what else shares the call; int8 dynamic quantization turns their last-bit
 differences into different logits. So on CPU ("split") every position is always computed by the
 same kernel, whatever shares its call:
-- a generated position (`SeqChunk.alone`: a decode row, a verify window's rows, a recompute of
-  generated tokens) is scored as its own one-row sequence over the sequence's blocks (the plugin
+- a generated position (past a chunk's `prompt_rows`: a decode row, a verify window's rows, a
+  recompute of generated tokens) is scored as its own one-row sequence over the sequence's blocks (the plugin
   writes every new key/value before it attends, so row j sees rows < j of the same call), and a
   call without a multi-row sequence gets an empty one: the one-row kernel is then the per-head one
   (`exec_kernel_one_bh`), never the context-split one that a lone one-row sequence would take;
-- a prompt position is scored in a multi-row sequence: a one-row prompt chunk gets a padding row
-  (the same token one position further, its key/value slot in the sequence's next slot or a scratch
-  block, never read by a real row);
+- a prompt position is scored in a multi-row sequence (a chunk's prompt rows): a one-row prompt
+  chunk gets a padding row (the same token one position further, its key/value slot in the
+  sequence's next slot or a scratch block, never read by a real row). A chunk with both (a
+  recompute) is two inferences, its prompt rows first: a multi-row sequence's kernel assumes that
+  nothing is written past its end in its last block during the call (the plugin zeroes that tail
+  and reads it), and the generated rows would write there;
 - where the matmuls do not compute a row alike for one row and several (no dynamic quantization,
   or weights it does not apply to), a call never has one row: a dummy row in the scratch block, and
   the lm_head gathers the one row twice.
@@ -54,7 +57,7 @@ class SeqChunk:
     ids: list[int]  # new tokens, appended at positions past..past+len-1
     past: int  # tokens of this sequence already in the cache
     logit_rows: int  # how many of the LAST rows need logits / argmax ids (0: none)
-    alone: bool = False  # generated positions: each row scored as its own one-row sequence ("split")
+    prompt_rows: int | None = None  # leading rows at prompt positions (None: all); the rest are generated
 
 
 @dataclass
@@ -131,7 +134,30 @@ class PagedTarget:
         self.inputs = BoundInputs(self.request)
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
-        """One inference for every chunk; the caller has grown each chunk's blocks to past + len(ids)."""
+        """One inference for every chunk (two when a chunk holds prompt and generated rows); the caller has
+        grown each chunk's blocks to past + len(ids)."""
+        mixed = [i for i, c in enumerate(chunks) if self.rows == "split" and c.prompt_rows is not None
+                 and 0 < c.prompt_rows < len(c.ids)]
+        if not mixed:
+            return self._infer(chunks, want_logits)
+        heads = []
+        rest = list(chunks)
+        for i in mixed:
+            c = chunks[i]
+            m, g = c.prompt_rows, len(c.ids) - c.prompt_rows
+            heads.append(SeqChunk(c.seq, c.ids[:m], c.past, max(0, c.logit_rows - g)))
+            rest[i] = SeqChunk(c.seq, c.ids[m:], c.past + m, min(c.logit_rows, g), prompt_rows=0)
+        first = self._infer(heads, want_logits)
+        first = BatchOutput(*([None if x is None else x.copy() for x in part] for part in
+                              (first.next_ids, first.logits, first.hidden)))  # the next call overwrites them
+        out = self._infer(rest, want_logits)
+        for j, i in enumerate(mixed):
+            for part, head in ((out.next_ids, first.next_ids), (out.logits, first.logits), (out.hidden, first.hidden)):
+                if part[i] is not None:
+                    part[i] = np.concatenate([head[j], part[i]])
+        return out
+
+    def _infer(self, chunks: list[SeqChunk], want_logits: bool) -> BatchOutput:
         subs, starts = self._sequences(chunks)
         lens = [len(s.ids) for s in subs]
         begins = np.zeros(len(subs) + 1, np.int32)
@@ -181,18 +207,18 @@ class PagedTarget:
         multi = False
         for c in chunks:
             starts.append(at)
+            m = len(c.ids) if c.prompt_rows is None or self.rows != "split" else c.prompt_rows
+            ids = list(c.ids[:m])
+            if ids or not c.ids:  # prompt rows (an empty chunk is an empty sequence)
+                if self.rows != "plain" and len(ids) == 1:
+                    ids.append(ids[0])  # the padding row
+                multi = multi or len(ids) > 1
+                subs.append(_Sub(ids, c.past, self._table(c, len(ids))))
+                at += len(ids)
             owned = self.blocks.blocks(c.seq)
-            if self.rows == "split" and c.alone:
-                for j, t in enumerate(c.ids):
-                    subs.append(_Sub([t], c.past + j, owned[: self.blocks.blocks_for(c.past + j + 1)]))
-                at += len(c.ids)
-                continue
-            ids = list(c.ids)
-            if self.rows != "plain" and len(ids) == 1:
-                ids.append(ids[0])  # the padding row
-            multi = multi or len(ids) > 1
-            subs.append(_Sub(ids, c.past, self._table(c, len(ids))))
-            at += len(ids)
+            for j in range(m, len(c.ids)):
+                subs.append(_Sub([c.ids[j]], c.past + j, owned[: self.blocks.blocks_for(c.past + j + 1)]))
+                at += 1
         if self.rows == "split" and not multi:
             if self.pad_matmul_rows and at == 1:
                 subs.append(_Sub([0], 0, [self.scratch_block]))  # a dummy row: two matmul rows

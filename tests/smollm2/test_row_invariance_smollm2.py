@@ -30,7 +30,7 @@ def test_rows_are_bit_identical_in_windows_batches_and_chunked_prefills(smollm2_
                                                                         precision: str) -> None:
     result = _score(smollm2_target, Setting(precision, compile_properties("CPU", precision), row_mode("CPU")))
     layouts = {r.layout for r in result.layouts}
-    assert {"window-2", "window-8", "batch-1", "batch-8", "chunked-7", "chunked-32"} <= layouts
+    assert {"window-2", "window-8", "batch-1", "batch-8", "chunked-7", "chunked-32", "recompute-7", "recompute-32"} <= layouts
     for r in result.layouts:
         assert r.rows == 2 * 12
         assert r.max_abs_diff == 0.0 and r.equal_rows == r.rows, r
@@ -82,7 +82,7 @@ def test_one_row_through_matmuls_without_dynamic_quantization_differs(smollm2_ta
     def first_row(chunk: SeqChunk) -> np.ndarray:
         return np.array(target.infer([chunk], want_logits=True).logits[0][0])
 
-    window = first_row(SeqChunk(0, [ids[-1], 7], p, 2, alone=True))
-    assert np.array_equal(first_row(SeqChunk(0, ids[-1:], p, 1, alone=True)), window)
+    window = first_row(SeqChunk(0, [ids[-1], 7], p, 2, prompt_rows=0))
+    assert np.array_equal(first_row(SeqChunk(0, ids[-1:], p, 1, prompt_rows=0)), window)
     target.pad_matmul_rows = False
-    assert not np.array_equal(first_row(SeqChunk(0, ids[-1:], p, 1, alone=True)), window)
+    assert not np.array_equal(first_row(SeqChunk(0, ids[-1:], p, 1, prompt_rows=0)), window)
