@@ -30,3 +30,16 @@ def test_setting_text_names_what_is_wrong() -> None:
         _parse_setting("x:rows=sideways", "CPU")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _parse_setting("x:f16", "CPU")
+
+
+def test_prefill_chunks_put_prompt_rows_first_and_end_before_prompt_rows_follow_generated() -> None:
+    from engine.pipeline import _Request
+
+    req = _Request(0, list(range(10)), None, 0, 0, None, None, 0.0, spans=[(3, 6)])  # type: ignore[arg-type]
+    assert [req.generated_at(p) for p in range(12)] == [False] * 3 + [True] * 3 + [False] * 4 + [True] * 2
+    assert req.prefill_rows(8) == (6, 3)  # 0-2 prompt rows, 3-5 generated, then a prompt row: it ends at 6
+    assert req.prefill_rows(2) == (2, 2)
+    req.fed = 3
+    assert req.prefill_rows(8) == (3, 0)
+    req.fed = 6
+    assert req.prefill_rows(8) == (8, 4)  # a recompute: 6-9 prompt rows, then the generated 10-13

@@ -30,7 +30,8 @@ def test_rows_are_bit_identical_in_windows_batches_and_chunked_prefills(smollm2_
                                                                         precision: str) -> None:
     result = _score(smollm2_target, Setting(precision, compile_properties("CPU", precision), row_mode("CPU")))
     layouts = {r.layout for r in result.layouts}
-    assert {"window-2", "window-8", "batch-1", "batch-8", "chunked-7", "chunked-32", "recompute-7", "recompute-32"} <= layouts
+    assert {"window-2", "window-8", "batch-1", "batch-8", "chunked-7", "chunked-32", "recompute-7",
+            "recompute-32"} <= layouts
     for r in result.layouts:
         assert r.rows == 2 * 12
         assert r.max_abs_diff == 0.0 and r.equal_rows == r.rows, r
