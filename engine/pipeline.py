@@ -30,7 +30,7 @@ from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
 from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
 from engine.models.files import openvino_reason
-from engine.models.properties import compile_properties, pads_single_rows
+from engine.models.properties import compile_properties, row_mode
 from engine.models.paged_target import PagedTarget, SeqChunk
 from engine.models.folders import read_target_folder
 from engine.prefix_cache import DraftPart, PrefixCache, chain_hashes
@@ -56,6 +56,7 @@ class _Finished:
     prompt_ids: list[int]  # with prompt_text: a chat's next turn reuses these ids (engine/conversation.py)
     prompt_text: str | None
     text_is_ids: bool | None = None  # its text decodes from its ids, checked once
+    spans: list[tuple[int, int]] = field(default_factory=list)  # generated positions of prompt + reply
 
 
 @dataclass
@@ -97,6 +98,20 @@ class _Request:
     cached: int = 0  # leading blocks in the prefix cache (found there or put there)
     staged: list[np.ndarray] = field(default_factory=list)  # target rows of the KV positions past those blocks
     draft_kv_blocks: int = 0  # leading cached blocks whose draft part is the draft's KV
+    spans: list[tuple[int, int]] = field(default_factory=list)  # prompt positions an earlier reply generated
+
+    def generated_at(self, pos: int) -> bool:
+        """Whether position `pos` holds a generated token (this request's, or an earlier reply's in its
+        prompt): the paged target scores those rows one by one, prompt rows together."""
+        return pos >= len(self.prompt_ids) or any(a <= pos < b for a, b in self.spans)
+
+    def prefill_rows(self, rows: int) -> tuple[int, int]:
+        """(rows, prompt rows) of the next prefill chunk of at most `rows`: prompt-position rows first,
+        then generated ones; it ends where a prompt position follows a generated one."""
+        kinds = [self.generated_at(self.fed + j) for j in range(rows)]
+        m = kinds.index(True) if True in kinds else rows
+        end = next((j for j in range(m, rows) if not kinds[j]), rows)
+        return end, m
 
     @property
     def decoding(self) -> bool:
@@ -171,7 +186,7 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb, pad_single_rows=pads_single_rows(device))
+                                 scheduler.cache_size_mb, rows=row_mode(device))
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
@@ -217,21 +232,25 @@ class SpeculativePipeline:
         (engine/conversation.py), so the prefix cache finds them."""
         return self._encode(prompt, chat)[0]
 
-    def _encode(self, prompt: Prompt, chat: bool | None) -> tuple[list[int], str | None]:
-        """(ids, the rendered text they stand for, None for ids given as such); the tokenizer's rules
-        (TextTokenizer.prompt_text), with a finished request's ids reused for the text they cover."""
+    def _encode(self, prompt: Prompt, chat: bool | None) -> tuple[list[int], list[tuple[int, int]], str | None]:
+        """(ids, the positions of reused generated ids among them, the rendered text they stand for: None
+        for ids given as such); the tokenizer's rules (TextTokenizer.prompt_text), with a finished
+        request's ids reused for the text they cover."""
         rendered = self.tokenizer.prompt_text(prompt, chat)
         if rendered is None:
-            return [int(t) for t in prompt], None
+            return [int(t) for t in prompt], [], None
         text, special = rendered
-        return self._text_ids(text, special), text
+        return *self._text_ids(text, special), text
 
-    def _text_ids(self, text: str, special: bool) -> list[int]:
-        known = ((r.prompt_text + r.text, r.prompt_ids + r.token_ids) for r in reversed(self._finished.values())
-                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.text)
-                 and self._text_is_ids(r))
-        ids = extend_ids(text, known, lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
-        return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=special)
+    def _text_ids(self, text: str, special: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        known = [r for r in reversed(self._finished.values())
+                 if r.prompt_text is not None and text.startswith(r.prompt_text + r.text) and self._text_is_ids(r)]
+        ids = extend_ids(text, ((r.prompt_text + r.text, r.prompt_ids + r.token_ids) for r in known),
+                         lambda rest: self.tokenizer.encode(rest, add_special_tokens=False))
+        if ids is None:
+            return self.tokenizer.encode(text, add_special_tokens=special), []
+        reused = max(known, key=lambda r: len(r.prompt_text + r.text))  # the one extend_ids took
+        return ids, list(reused.spans)
 
     def _text_is_ids(self, req: _Finished) -> bool:
         """Whether a finished reply's text is exactly its generated ids decoded (not when a stop string cut
@@ -270,7 +289,7 @@ class SpeculativePipeline:
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
-        ids, text = self._encode(prompt, chat)
+        ids, spans, text = self._encode(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
         n, top_k = self._draft_settings(config)
@@ -279,7 +298,7 @@ class SpeculativePipeline:
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
-                       time.perf_counter(), prompt_text=text)
+                       time.perf_counter(), prompt_text=text, spans=spans)
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -384,7 +403,7 @@ class SpeculativePipeline:
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
                          self._rotate)
         self._rotate += 1
-        plan = self._reserve(plan, stats)
+        plan = self._reserve([(r, r.prefill_rows(n)[0] if not r.decoding else n) for r, n in plan], stats)
         if not plan:
             return events
         timings = StepTimings()
@@ -392,10 +411,12 @@ class SpeculativePipeline:
         chunks = []
         for req, rows in plan:
             if req.decoding:
-                chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows))
+                chunks.append(SeqChunk(req.id, req.window[req.window_pos: req.window_pos + rows], req.kv_len, rows,
+                                       prompt_rows=0))
             else:
                 last = req.fed + rows == len(req.feed) and not req.resume
-                chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last)))
+                chunks.append(SeqChunk(req.id, req.feed[req.fed: req.fed + rows], req.kv_len, int(last),
+                                       prompt_rows=req.prefill_rows(rows)[1]))
         want_logits = any(r.processor is not None and c.logit_rows for (r, _), c in zip(plan, chunks))
         t1 = time.perf_counter()
         out = self.target.infer(chunks, want_logits)
@@ -687,9 +708,11 @@ class SpeculativePipeline:
             self._running.remove(req)
         else:
             self._waiting.remove(req)
+        p = len(req.prompt_ids)
         self._finished[req.id] = _Finished(req.detok.text, req.generated, req.finish_reason or "", req.metrics,
                                            req.cumulative_logprob if req.processor is not None else None,
-                                           req.prompt_ids, req.prompt_text)
+                                           req.prompt_ids, req.prompt_text,
+                                           spans=req.spans + [(p, p + len(req.generated))])
         while len(self._finished) > _KEEP_FINISHED:
             self._finished.popitem(last=False)
         return event

@@ -9,10 +9,14 @@ compile setting, the largest logit difference from the one-row decode:
 - `window-k`: the continuation in windows of k rows (a verify of k-1 candidates);
 - `batch-k`: the same windows, each call shared with other requests (one decoding a row per call,
   one verifying 3-row windows, one prefilling a long prompt in chunks);
-- `chunked-c`: the prompt prefilled in chunks of c rows, then decoded a row per call.
+- `chunked-c`: the prompt prefilled in chunks of c rows, then decoded a row per call;
+- `recompute-c`: the prompt and the continuation fed in chunks of c rows, as a preempted request
+  is recomputed (a chunk can hold prompt rows and generated rows).
 
-Row 0 of every layout is the prompt's last row (the first token's logits). docs/engine.md has the
-findings this measured.
+Row 0 of every layout is the prompt's last row (the first token's logits). Generated positions
+(the decode, the windows, a neighbour's decode and verify rows) are past the chunks' `prompt_rows`,
+as the pipeline marks them; the setting's row mode (engine/models/paged_target.py) decides what that
+means. docs/engine.md has the findings this measured.
 """
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ from typing import Callable
 import numpy as np
 import openvino as ov
 
-from engine.models.paged_target import PagedTarget, SeqChunk
-from engine.models.properties import compile_properties, pads_single_rows
+from engine.models.paged_target import ROW_MODES, PagedTarget, SeqChunk
+from engine.models.properties import compile_properties, row_mode
 from engine.models.tokenizer import TextTokenizer
 
 PROMPTS = (
@@ -42,11 +46,11 @@ _NEIGHBOUR_CAP = 400  # a neighbour starts over past this many tokens
 
 @dataclass
 class Setting:
-    """Compile properties plus whether one-row chunks get a padding row."""
+    """Compile properties plus the paged target's row mode ("split", "padded", "plain")."""
 
     name: str
     properties: dict[str, str]
-    pad_single_rows: bool
+    rows: str
 
 
 @dataclass
@@ -57,6 +61,7 @@ class LayoutResult:
     rows: int
     argmax_differs: int  # rows whose argmax differs from the decode's
     ms_per_call: float  # wall time of this layout's calls (noisy on a shared machine)
+    cpu_ms_per_call: float = 0.0  # process CPU time (all threads) of this layout's calls
 
 
 @dataclass
@@ -64,6 +69,7 @@ class SettingResult:
     setting: Setting
     layouts: list[LayoutResult] = field(default_factory=list)
     decode_ms_per_call: float = 0.0
+    decode_cpu_ms_per_call: float = 0.0
     vs_first_setting: float | None = None  # decode logits against the first setting's (same precision only)
 
 
@@ -72,19 +78,22 @@ def standard_settings(device: str = "CPU") -> list[Setting]:
     default = compile_properties(device, "default")
     old = {k: v for k, v in default.items() if k != "KEY_CACHE_QUANT_MODE"}
     f32 = compile_properties(device, "f32")
-    out = [Setting("default", default, pads_single_rows(device)),
-           Setting("default, no padding", default, False),
-           Setting("before (u8 keys by channel, no padding)", old, False),
-           Setting("default, u8 keys by channel", old, True),
-           Setting("default, f16 KV", {**default, "KV_CACHE_PRECISION": "f16"}, True),
-           Setting("default, f32 KV", {**default, "KV_CACHE_PRECISION": "f32"}, True)]
+    mode = row_mode(device)
+    out = [Setting("default", default, mode),
+           Setting("default, padded rows", default, "padded"),
+           Setting("default, plain rows", default, "plain"),
+           Setting("before (u8 keys by channel, plain rows)", old, "plain"),
+           Setting("default, u8 keys by channel", old, mode),
+           Setting("default, f16 KV", {**default, "KV_CACHE_PRECISION": "f16"}, mode),
+           Setting("default, f32 KV", {**default, "KV_CACHE_PRECISION": "f32"}, mode)]
     for group in ("0", "64", "128"):
         out.append(Setting(f"default, dynamic quantization group {group}",
-                           {**default, "DYNAMIC_QUANTIZATION_GROUP_SIZE": group}, True))
-    out += [Setting("default, 1 thread", {**default, "INFERENCE_NUM_THREADS": "1"}, True),
-            Setting("default, 1 thread, no padding", {**default, "INFERENCE_NUM_THREADS": "1"}, False),
-            Setting("f32", f32, pads_single_rows(device)),
-            Setting("f32, no padding", f32, False)]
+                           {**default, "DYNAMIC_QUANTIZATION_GROUP_SIZE": group}, mode))
+    out += [Setting("default, 1 thread", {**default, "INFERENCE_NUM_THREADS": "1"}, mode),
+            Setting("default, 1 thread, plain rows", {**default, "INFERENCE_NUM_THREADS": "1"}, "plain"),
+            Setting("f32", f32, mode),
+            Setting("f32, padded rows", f32, "padded"),
+            Setting("f32, plain rows", f32, "plain")]
     return out
 
 
@@ -96,13 +105,15 @@ class _Scorer:
         self.neighbour_ids = neighbour_ids
         self.calls = 0
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
 
     def _infer(self, chunks: list[SeqChunk]) -> list[np.ndarray]:
         for c in chunks:
             self.t.blocks.grow(c.seq, c.past + len(c.ids))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = self.t.infer(chunks, want_logits=True)
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.process_time() - c0
         self.calls += 1
         return [np.array(x) for x in out.logits]
 
@@ -118,8 +129,11 @@ class _Scorer:
         """Logits of the prompt's last row and of every row of `ids` (fed at prompt_len + i)."""
         rows: list[np.ndarray] = []
         p = len(prompt)
-        self.calls, self.seconds = 0, 0.0
+        self.calls, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
         try:
+            if layout == "recompute":
+                self._recompute(prompt + ids, p, k, rows)
+                return np.stack(rows)
             if layout == "chunked":
                 self._prefill(prompt, k, rows)
                 k = 1
@@ -128,7 +142,7 @@ class _Scorer:
             neighbours = {seq: 0 for seq in _NEIGHBOURS} if layout == "batch" else None
             for s in range(0, len(ids), k):
                 window = ids[s: s + k]
-                chunks = [SeqChunk(_SEQ, window, p + s, len(window))]
+                chunks = [SeqChunk(_SEQ, window, p + s, len(window), prompt_rows=0)]
                 if neighbours is not None:
                     chunks += self._neighbour_chunks(neighbours)
                 rows.extend(self._infer(chunks)[0])
@@ -136,6 +150,16 @@ class _Scorer:
             for seq in (_SEQ, *_NEIGHBOURS):
                 self.t.blocks.release(seq)
         return np.stack(rows)
+
+    def _recompute(self, feed: list[int], p: int, chunk: int, rows: list[np.ndarray]) -> None:
+        """`feed` in chunks of `chunk` rows, the first p at prompt positions; the logits of row p-1 on."""
+        s = 0
+        while s < len(feed):
+            n = min(chunk, len(feed) - s)
+            wanted = max(0, s + n - max(s, p - 1))
+            got = self._infer([SeqChunk(_SEQ, feed[s: s + n], s, wanted, prompt_rows=max(0, min(n, p - s)))])
+            rows.extend(got[0])
+            s += n
 
     def _neighbour_chunks(self, lengths: dict[int, int]) -> list[SeqChunk]:
         """A request decoding one row, one verifying 3 rows, one prefilling 48-row chunks."""
@@ -146,7 +170,7 @@ class _Scorer:
                 lengths[seq] = 0
             at = lengths[seq]
             toks = [self.neighbour_ids[(at + j) % len(self.neighbour_ids)] for j in range(rows)]
-            chunks.append(SeqChunk(seq, toks, at, min(rows, 3)))
+            chunks.append(SeqChunk(seq, toks, at, min(rows, 3), prompt_rows=rows if rows == 48 else 0))
             lengths[seq] = at + rows
         return chunks
 
@@ -159,7 +183,7 @@ def greedy_continuation(target: PagedTarget, prompt: list[int], tokens: int) -> 
     try:
         for i in range(tokens - 1):
             target.blocks.grow(_SEQ, len(prompt) + i + 1)
-            out = target.infer([SeqChunk(_SEQ, [ids[-1]], len(prompt) + i, 1)])
+            out = target.infer([SeqChunk(_SEQ, [ids[-1]], len(prompt) + i, 1, prompt_rows=0)])
             ids.append(int(out.next_ids[0][0]))
     finally:
         target.blocks.release(_SEQ)
@@ -180,25 +204,27 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
     for setting in settings:
         if progress:
             progress(setting.name)
-        target = PagedTarget(target_dir, core, device, setting.properties, pad_single_rows=setting.pad_single_rows,
-                             num_blocks=96)
+        target = PagedTarget(target_dir, core, device, setting.properties, rows=setting.rows, num_blocks=96)
         if forced is None:  # the first setting's greedy tokens are scored everywhere: the same positions
             forced = [greedy_continuation(target, p, tokens) for p in encoded]
         scorer = _Scorer(target, neighbour)
         ref = []
-        decode_s, decode_calls = 0.0, 0
+        decode_s, decode_cpu, decode_calls = 0.0, 0.0, 0
         for p, ids in zip(encoded, forced):
             ref.append(scorer.run(p, ids[:-1], "window", 1))
-            decode_s, decode_calls = decode_s + scorer.seconds, decode_calls + scorer.calls
-        res = SettingResult(setting, decode_ms_per_call=1e3 * decode_s / max(1, decode_calls))
+            decode_s, decode_cpu = decode_s + scorer.seconds, decode_cpu + scorer.cpu_seconds
+            decode_calls += scorer.calls
+        res = SettingResult(setting, decode_ms_per_call=1e3 * decode_s / max(1, decode_calls),
+                            decode_cpu_ms_per_call=1e3 * decode_cpu / max(1, decode_calls))
         precision_key = _precision_key(setting.properties)
         if precision_key in first_decode:
             res.vs_first_setting = max(float(np.abs(a - b).max()) for a, b in zip(ref, first_decode[precision_key]))
         else:
             first_decode[precision_key] = ref
-        plan = [("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("chunked", c) for c in chunks]
+        plan = ([("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("chunked", c) for c in chunks]
+                + [("recompute", c) for c in chunks])
         for layout, k in plan:
-            diff, equal, n, flips, secs, calls = 0.0, 0, 0, 0, 0.0, 0
+            diff, equal, n, flips, secs, cpu, calls = 0.0, 0, 0, 0, 0.0, 0.0, 0
             for p, ids, r in zip(encoded, forced, ref):
                 got = scorer.run(p, ids[:-1], layout, k)
                 d = np.abs(got - r).max(axis=1)
@@ -206,51 +232,57 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
                 equal += int(np.sum(d == 0))
                 n += len(d)
                 flips += int(np.sum(got.argmax(1) != r.argmax(1)))
-                secs, calls = secs + scorer.seconds, calls + scorer.calls
-            res.layouts.append(LayoutResult(f"{layout}-{k}", diff, equal, n, flips, 1e3 * secs / max(1, calls)))
+                secs, cpu, calls = secs + scorer.seconds, cpu + scorer.cpu_seconds, calls + scorer.calls
+            res.layouts.append(LayoutResult(f"{layout}-{k}", diff, equal, n, flips, 1e3 * secs / max(1, calls),
+                                            1e3 * cpu / max(1, calls)))
         results.append(res)
         del target
     return results
 
 
 def _precision_key(props: dict[str, str]) -> tuple:
-    """Settings that differ only in threads or padding should give the same decode logits."""
+    """Settings that differ only in threads or row mode are compared (their decode logits may differ)."""
     return tuple(sorted((k, v) for k, v in props.items() if k != "INFERENCE_NUM_THREADS"))
 
 
 def format_results(results: list[SettingResult]) -> str:
-    lines = ["| setting | layout | max abs logit diff | rows bit-identical | argmax differs | ms/call |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| setting | layout | max abs logit diff | rows bit-identical | argmax differs | ms/call | CPU ms/call |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         extra = "" if r.vs_first_setting is None else f"; decode vs same properties above: {r.vs_first_setting:.3g}"
-        lines.append(f"| {r.setting.name} | decode (reference{extra}) | 0 | all | 0 | {r.decode_ms_per_call:.1f} |")
+        lines.append(f"| {r.setting.name} | decode (reference{extra}) | 0 | all | 0 | {r.decode_ms_per_call:.1f} | "
+                     f"{r.decode_cpu_ms_per_call:.1f} |")
         for lay in r.layouts:
             lines.append(f"| | {lay.layout} | {lay.max_abs_diff:.3g} | {lay.equal_rows}/{lay.rows} | "
-                         f"{lay.argmax_differs} | {lay.ms_per_call:.1f} |")
+                         f"{lay.argmax_differs} | {lay.ms_per_call:.1f} | {lay.cpu_ms_per_call:.1f} |")
     return "\n".join(lines)
 
 
 def _parse_setting(text: str, device: str) -> Setting:
-    """'name:KEY=VALUE,KEY=VALUE[,pad=0]' on top of the default properties."""
+    """'name:KEY=VALUE,KEY=VALUE[,rows=MODE]' on top of the default properties."""
     name, _, body = text.partition(":")
     props = compile_properties(device, "default")
-    pad = pads_single_rows(device)
+    rows = row_mode(device)
     for item in filter(None, body.split(",")):
         key, eq, value = item.partition("=")
         if not eq:
-            raise ValueError(f"--setting {text!r}: {item!r} is not KEY=VALUE (e.g. KV_CACHE_PRECISION=f16, pad=0).")
-        if key == "pad":
-            pad = value not in ("0", "false", "no")
+            raise ValueError(f"--setting {text!r}: {item!r} is not KEY=VALUE (e.g. KV_CACHE_PRECISION=f16, "
+                             "rows=plain).")
+        if key == "rows":
+            if value not in ROW_MODES:
+                raise ValueError(f"--setting {text!r}: rows={value!r} is not one of {', '.join(ROW_MODES)}.")
+            rows = value
         else:
             props[key] = value
-    return Setting(name or body, props, pad)
+    return Setting(name or body, props, rows)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target OpenVINO folder (default: the embedded SmolLM2)")
     p.add_argument("--device", default="CPU")
     p.add_argument("--setting", action="append", metavar="NAME:KEY=VALUE,...",
-                   help="a setting on top of the default properties (pad=0: no padding row); repeatable "
+                   help="a setting on top of the default properties (rows=split|padded|plain: the row mode); "
+                        "repeatable "
                         "(default: the standard sweep)")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: a code and a chat prompt)")
     p.add_argument("--tokens", type=int, default=32, help="greedy tokens scored per prompt")

@@ -8,14 +8,27 @@ blocks hold them (engine/models/kv_blocks.py). Rolling back a rejection is a sho
 The graph edits of engine/models/target.py are applied on top (rows gathered before the lm_head,
 argmax ids in the graph, the tapped layers' rows concatenated).
 
-Row invariance (`pad_single_rows`): the CPU plugin's PagedAttention scores a sequence of one new
-token with other kernels than a sequence of several (which one also depends on how many sequences
-share the call and on the thread count), and they sum in another order; int8 dynamic quantization
-turns those last-bit differences into different logits. So a one-row chunk gets a padding row (the
-same token one position further, its key/value slot in the sequence's next slot or a scratch block,
-never read by a real row), and at least two rows go through the lm_head: every row of every call
-then runs the multi-row kernels, whose rows do not depend on one another (docs/engine.md, "Row
-invariance").
+Row invariance (`rows`, docs/engine.md "Row invariance"): the CPU plugin's PagedAttention scores
+a sequence of one new token with other kernels than a sequence of several, and which one-row kernel
+it takes depends on what else shares the call; int8 dynamic quantization turns their last-bit
+differences into different logits. So on CPU ("split") every position is always computed by the
+same kernel, whatever shares its call:
+- a generated position (past a chunk's `prompt_rows`: a decode row, a verify window's rows, a
+  recompute of generated tokens) is scored as its own one-row sequence over the sequence's blocks (the plugin
+  writes every new key/value before it attends, so row j sees rows < j of the same call), and a
+  call without a multi-row sequence gets an empty one: the one-row kernel is then the per-head one
+  (`exec_kernel_one_bh`), never the context-split one that a lone one-row sequence would take;
+- a prompt position is scored in a multi-row sequence (a chunk's prompt rows): a one-row prompt
+  chunk gets a padding row (the same token one position further, its key/value slot in the
+  sequence's next slot or a scratch block, never read by a real row). A chunk with both (a
+  recompute) is two inferences, its prompt rows first: a multi-row sequence's kernel assumes that
+  nothing is written past its end in its last block during the call (the plugin zeroes that tail
+  and reads it), and the generated rows would write there;
+- where the matmuls do not compute a row alike for one row and several (no dynamic quantization,
+  or weights it does not apply to), a call never has one row: a dummy row in the scratch block, and
+  the lm_head gathers the one row twice.
+"padded" (every chunk a multi-row sequence, one-row chunks padded) is what this replaced, kept for
+`dflash-studio row-invariance`; "plain" sends the chunks as they are (other devices).
 """
 from __future__ import annotations
 
@@ -33,6 +46,7 @@ from engine.models.target import edit_target_graph
 
 PA_INPUTS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
              "block_indices_begins", "max_context_len", "logits_indices")
+ROW_MODES = ("split", "padded", "plain")
 
 
 @dataclass
@@ -43,6 +57,7 @@ class SeqChunk:
     ids: list[int]  # new tokens, appended at positions past..past+len-1
     past: int  # tokens of this sequence already in the cache
     logit_rows: int  # how many of the LAST rows need logits / argmax ids (0: none)
+    prompt_rows: int | None = None  # leading rows at prompt positions (None: all); the rest are generated
 
 
 @dataclass
@@ -54,14 +69,25 @@ class BatchOutput:
     hidden: list[np.ndarray | None]  # per chunk: [len(ids), n*H] tapped rows (with taps)
 
 
+@dataclass
+class _Sub:
+    """One sequence of the plugin's call: a chunk, a row of one, a padded chunk or a dummy."""
+
+    ids: list[int]
+    past: int
+    table: list[int]
+
+
 class PagedTarget:
     """A compiled PagedAttention target plus its block table."""
 
     def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
-                 cache_size_mb: int = 512, pad_single_rows: bool = True) -> None:
+                 cache_size_mb: int = 512, rows: str = "split") -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
+        if rows not in ROW_MODES:
+            raise ValueError(f"rows={rows!r} is not one of {', '.join(ROW_MODES)}.")
         target = as_target_folder(folder, core)
         self.folder = target.path
         self.device = device
@@ -73,6 +99,7 @@ class PagedTarget:
         if not any(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops()):
             raise ModelFolderError(f"{self.folder.name} has no ScaledDotProductAttention: export it again with "
                                    "optimum-intel (`dflash-studio export --kind target`), task text-generation-with-past.")
+        compressed = all_weights_compressed(model)
         paged_attention_transformation(model, False, False)
         self.tap_layers = list(tap_layers) if tap_layers else []
         edit_target_graph(model, self.tap_layers, row_axis=0)
@@ -91,8 +118,10 @@ class PagedTarget:
         if num_blocks is None:
             num_blocks = max(1, (cache_size_mb << 20) // block_bytes)
         self.blocks = BlockTable(int(num_blocks), self.block_size)
-        self.pad_single_rows = pad_single_rows
-        self.scratch_block = self.blocks.num_blocks  # one block past the table's: padding rows' slots
+        self.rows = rows
+        # a one-row matmul computes a row like a many-row one only under dynamic quantization of every weight
+        self.pad_matmul_rows = rows != "plain" and not (compressed and _dynamic_quantization(self.compiled))
+        self.scratch_block = self.blocks.num_blocks  # one block past the table's: padding and dummy rows' slots
         for port in caches:
             name = port.get_any_name()
             tensor = ov.Tensor(port.get_element_type(), [self.blocks.num_blocks + 1, *shapes[name]])
@@ -105,31 +134,52 @@ class PagedTarget:
         self.inputs = BoundInputs(self.request)
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
-        """One inference for every chunk; the caller has grown each chunk's blocks to past + len(ids)."""
-        pad = [self.pad_single_rows and len(c.ids) == 1 for c in chunks]
-        lens = [len(c.ids) + p for c, p in zip(chunks, pad)]
-        starts = np.zeros(len(chunks) + 1, np.int32)
-        np.cumsum(lens, out=starts[1:])
-        ids = np.fromiter((t for c, p in zip(chunks, pad) for t in c.ids + c.ids[-1:] * p), np.int64,
-                          int(starts[-1]))
-        positions = np.concatenate([np.arange(c.past, c.past + n, dtype=np.int64) for c, n in zip(chunks, lens)])
-        tables = [self._table(c, n) for c, n in zip(chunks, lens)]
-        table_starts = np.zeros(len(chunks) + 1, np.int32)
-        np.cumsum([len(t) for t in tables], out=table_starts[1:])
+        """One inference for every chunk (two when a chunk holds prompt and generated rows); the caller has
+        grown each chunk's blocks to past + len(ids)."""
+        mixed = [i for i, c in enumerate(chunks) if self.rows == "split" and c.prompt_rows is not None
+                 and 0 < c.prompt_rows < len(c.ids)]
+        if not mixed:
+            return self._infer(chunks, want_logits)
+        heads = []
+        rest = list(chunks)
+        for i in mixed:
+            c = chunks[i]
+            m, g = c.prompt_rows, len(c.ids) - c.prompt_rows
+            heads.append(SeqChunk(c.seq, c.ids[:m], c.past, max(0, c.logit_rows - g)))
+            rest[i] = SeqChunk(c.seq, c.ids[m:], c.past + m, min(c.logit_rows, g), prompt_rows=0)
+        first = self._infer(heads, want_logits)
+        first = BatchOutput(*([None if x is None else x.copy() for x in part] for part in
+                              (first.next_ids, first.logits, first.hidden)))  # the next call overwrites them
+        out = self._infer(rest, want_logits)
+        for j, i in enumerate(mixed):
+            for part, head in ((out.next_ids, first.next_ids), (out.logits, first.logits), (out.hidden, first.hidden)):
+                if part[i] is not None:
+                    part[i] = np.concatenate([head[j], part[i]])
+        return out
+
+    def _infer(self, chunks: list[SeqChunk], want_logits: bool) -> BatchOutput:
+        subs, starts = self._sequences(chunks)
+        lens = [len(s.ids) for s in subs]
+        begins = np.zeros(len(subs) + 1, np.int32)
+        np.cumsum(lens, out=begins[1:])
+        ids = np.fromiter((t for s in subs for t in s.ids), np.int64, int(begins[-1]))
+        positions = np.fromiter((s.past + j for s in subs for j in range(len(s.ids))), np.int64, int(begins[-1]))
+        table_starts = np.zeros(len(subs) + 1, np.int32)
+        np.cumsum([len(s.table) for s in subs], out=table_starts[1:])
         # the real rows' logits: the LAST logit_rows rows of each chunk (a padding row is after them)
         rows = np.concatenate([np.arange(s + len(c.ids) - c.logit_rows, s + len(c.ids), dtype=np.int64)
-                               for c, s in zip(chunks, starts[:-1])])
+                               for c, s in zip(chunks, starts)])
         gathered = rows
-        if self.pad_single_rows and rows.size == 1:
+        if self.pad_matmul_rows and rows.size == 1:
             gathered = np.repeat(rows, 2)  # a one-row lm_head takes another kernel without dynamic quantization
         feeds = {
             "input_ids": ids,
             "position_ids": positions,
-            "past_lens": np.array([c.past for c in chunks], np.int32),
-            "subsequence_begins": starts,
-            "block_indices": np.fromiter((b for t in tables for b in t), np.int32, int(table_starts[-1])),
+            "past_lens": np.array([s.past for s in subs], np.int32),
+            "subsequence_begins": begins,
+            "block_indices": np.fromiter((b for s in subs for b in s.table), np.int32, int(table_starts[-1])),
             "block_indices_begins": table_starts,
-            "max_context_len": np.array(max(c.past + n for c, n in zip(chunks, lens)), np.int32),
+            "max_context_len": np.array(max(s.past + n for s, n in zip(subs, lens)), np.int32),
             "logits_indices": gathered if gathered.size else np.zeros(1, np.int64),
         }
         self.inputs.feed(feeds)
@@ -137,16 +187,43 @@ class PagedTarget:
         self.inferences += 1
         next_ids = self.request.get_tensor("next_token_ids").data.reshape(-1)
         logits = self.request.get_tensor("logits").data.reshape(-1, self.vocab_size) if want_logits else None
-        hidden = (self.request.get_tensor("target_hidden").data.reshape(int(starts[-1]), -1)
+        hidden = (self.request.get_tensor("target_hidden").data.reshape(int(begins[-1]), -1)
                   if self.tap_layers else None)
         out = BatchOutput([], [], [])
         at = 0
-        for c, s in zip(chunks, starts[:-1]):
+        for c, s in zip(chunks, starts):
             out.next_ids.append(next_ids[at: at + c.logit_rows])
             out.logits.append(logits[at: at + c.logit_rows] if logits is not None else None)
             out.hidden.append(hidden[s: s + len(c.ids)] if hidden is not None else None)
             at += c.logit_rows
         return out
+
+    def _sequences(self, chunks: list[SeqChunk]) -> tuple[list[_Sub], list[int]]:
+        """The plugin's sequences for the chunks (module docstring) and each chunk's first row. A chunk's
+        rows stay contiguous and in order; padding follows its chunk, dummies come last."""
+        subs: list[_Sub] = []
+        starts: list[int] = []
+        at = 0
+        multi = False
+        for c in chunks:
+            starts.append(at)
+            m = len(c.ids) if c.prompt_rows is None or self.rows != "split" else c.prompt_rows
+            ids = list(c.ids[:m])
+            if ids or not c.ids:  # prompt rows (an empty chunk is an empty sequence)
+                if self.rows != "plain" and len(ids) == 1:
+                    ids.append(ids[0])  # the padding row
+                multi = multi or len(ids) > 1
+                subs.append(_Sub(ids, c.past, self._table(c, len(ids))))
+                at += len(ids)
+            owned = self.blocks.blocks(c.seq)
+            for j in range(m, len(c.ids)):
+                subs.append(_Sub([c.ids[j]], c.past + j, owned[: self.blocks.blocks_for(c.past + j + 1)]))
+                at += 1
+        if self.rows == "split" and not multi:
+            if self.pad_matmul_rows and at == 1:
+                subs.append(_Sub([0], 0, [self.scratch_block]))  # a dummy row: two matmul rows
+            subs.append(_Sub([], 0, []))  # an empty multi-row sequence: the one-row kernel is the per-head one
+        return subs, starts
 
     def _table(self, chunk: SeqChunk, rows: int) -> list[int]:
         """The chunk's block table for `rows` rows: a padding row past the sequence's blocks gets the
@@ -156,3 +233,24 @@ class PagedTarget:
         if len(owned) >= need:
             return owned[:need]
         return owned[: self.blocks.blocks_for(chunk.past + len(chunk.ids))] + [self.scratch_block]
+
+
+def all_weights_compressed(model: ov.Model) -> bool:
+    """Whether every MatMul with a constant weight reads it from integer constants (int8/int4 weights,
+    which dynamic quantization applies to); the rotary embedding's MatMul of positions does not count."""
+    for op in model.get_ops():
+        if op.get_type_name() != "MatMul":
+            continue
+        node = op.input_value(1).get_node()
+        while node.get_type_name() in ("Convert", "Multiply", "Subtract", "Reshape", "Transpose"):
+            node = node.input_value(0).get_node()
+        if node.get_type_name() == "Constant" and not node.get_output_element_type(0).is_integral():
+            return False
+    return True
+
+
+def _dynamic_quantization(compiled: ov.CompiledModel) -> bool:
+    try:
+        return int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) > 0
+    except (RuntimeError, TypeError, ValueError):
+        return False  # a plugin without the property: assume the matmuls depend on the row count

@@ -5,7 +5,8 @@ its inference (its own candidates, other requests' rows, padding), so greedy spe
 equals the target alone's token for token (docs/engine.md, "Row invariance"). Two things make a
 row depend on its neighbours, and both are dealt with:
 - the CPU plugin's PagedAttention scores a one-row sequence with other kernels than a multi-row
-  one; engine/models/paged_target.py pads one-row chunks (`pads_single_rows`);
+  one, and which one-row kernel depends on what else shares the call; engine/models/paged_target.py
+  gives every position the same kernel whatever shares its call (`row_mode`: "split");
 - a u8 key cache quantized by channel shares each channel's scale over the tokens of a block, so a
   token's stored key depends on which tokens were written with it: keys are quantized by token.
 "default" computes in f32 with int8 dynamic quantization (the CPU default of bf16 together with
@@ -44,9 +45,10 @@ def compile_properties(device: str, precision: str = "default") -> dict[str, str
     return props
 
 
-def pads_single_rows(device: str) -> bool:
-    """Whether the paged target pads one-row chunks so every row runs the multi-row kernels (CPU)."""
-    return is_cpu(device)
+def row_mode(device: str) -> str:
+    """How the paged target lays out rows (engine/models/paged_target.py): "split" makes a row's logits
+    independent of its neighbours on CPU; other devices' kernels are other kernels ("plain")."""
+    return "split" if is_cpu(device) else "plain"
 
 
 def is_cpu(device: str) -> bool:
