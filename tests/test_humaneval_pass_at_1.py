@@ -95,6 +95,7 @@ def test_the_run_counts_a_passing_and_a_failing_answer_in_both_modes(tmp_path):
     for r in rows.values():
         assert (r["passed"], r["problems"], r["pass_at_1"], r["timed_out"]) == (1, 2, 50.0, 0)
     assert rows[(COMPLETION, "some-draft")]["same_text_as_target_alone"] == "2/2"
+    assert rows[(CHAT, "some-draft")]["same_tokens_as_target_alone"] == "2/2"
     verdicts = {(s.mode, s.task_id): (s.passed, s.result) for s in res["samples"] if s.config == TARGET_ALONE}
     assert verdicts[(COMPLETION, "HumanEval/0")] == (True, "passed")
     assert verdicts[(COMPLETION, "HumanEval/1")][0] is False and verdicts[(COMPLETION, "HumanEval/1")][1].startswith("failed")

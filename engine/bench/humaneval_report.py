@@ -50,9 +50,12 @@ def aggregate(samples: list[Sample], modes: list[str], labels: list[str], baseli
                 "minutes": round(seconds / 60, 1)}
             if label != baseline:
                 pairs = [(s, base[s.task_id]) for s in mine if s.task_id in base]
-                row["same_text_as_target_alone"] = f"{sum(s.token_ids == b.token_ids for s, b in pairs)}/{len(pairs)}"
+                row["same_text_as_target_alone"] = f"{sum(s.answer == b.answer for s, b in pairs)}/{len(pairs)}"
+                # At a stop string the engine keeps the tokens of the step that completed it (a speculative
+                # step may hold one or more past the cut), so ids can differ where the texts are equal.
+                row["same_tokens_as_target_alone"] = f"{sum(s.token_ids == b.token_ids for s, b in pairs)}/{len(pairs)}"
                 row["same_verdict_as_target_alone"] = f"{sum(s.passed == b.passed for s, b in pairs)}/{len(pairs)}"
-                row["first_differences"] = [s.task_id for s, b in pairs if s.token_ids != b.token_ids][:5]
+                row["first_differences"] = [s.task_id for s, b in pairs if s.answer != b.answer][:5]
             rows.append(row)
     return rows
 
@@ -60,7 +63,8 @@ def aggregate(samples: list[Sample], modes: list[str], labels: list[str], baseli
 COLUMNS = (("mode", "mode"), ("config", "configuration"), ("passed", "passed"), ("problems", "of"),
            ("pass_at_1", "pass@1 %"), ("timed_out", "timed out"), ("cut_at_max_new_tokens", "hit max_new_tokens"),
            ("tok_s", "tok/s"), ("tokens_per_step", "tokens/step"), ("acceptance", "acceptance"),
-           ("same_text_as_target_alone", "same text as target alone"), ("minutes", "minutes"))
+           ("same_text_as_target_alone", "same text as target alone"),
+           ("same_tokens_as_target_alone", "same tokens"), ("minutes", "minutes"))
 
 
 def markdown(result: dict[str, Any], command: str | None = None) -> str:
