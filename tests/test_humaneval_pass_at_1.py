@@ -146,3 +146,15 @@ def test_what_of_an_answer_is_checked():
     # Cut off by max_new_tokens: the longest prefix of lines that parses.
     assert sanitize("import math\n\ndef f(x):\n    return x\n\ndef g(y):\n    return (y +") == \
         "import math\n\ndef f(x):\n    return x\n"
+
+
+def test_bad_settings_are_refused_before_anything_loads(tmp_path):
+    def never(*_a, **_k):
+        raise AssertionError("nothing may load for settings that are refused")
+
+    for spec, words in [(HumanEvalSpec(tmp_path, [None], ["essay"]), "the modes are completion and chat"),
+                        (HumanEvalSpec(tmp_path, []), "give --draft none"),
+                        (HumanEvalSpec(tmp_path, [None, None]), "each configuration once"),
+                        (HumanEvalSpec(tmp_path, [None], resume=True), "give --out")]:
+        with pytest.raises(ValueError, match=words):
+            run_pass_at_1(spec, loader=never, problems=PROBLEMS)
