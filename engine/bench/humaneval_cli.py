@@ -22,7 +22,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--problems", type=int, default=0, help="the first N problems (0: all 164)")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--timeout", type=float, default=3.0, help="the checker's time limit per problem, seconds")
-    p.add_argument("--out", help="folder for samples.jsonl (appended as they are scored), results.md, results.json")
+    p.add_argument("--out", help="folder for samples.jsonl (appended as they are scored; started over unless --resume), "
+                        "results.md, results.json")
     p.add_argument("--resume", action="store_true", help="keep the samples already in --out and run the rest")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (progress on stderr)")
 
