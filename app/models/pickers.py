@@ -444,6 +444,15 @@ class ModelPanel(QGroupBox):
         self.target_note.setToolTip(t)
         self._reason_cache.clear()  # folders may have changed on disk since the last look
         self.refresh_drafts()
+        d = self.draft_dir()
+        if d and t and self._reasons(t, d):
+            # The draft chosen for the last target does not fit this one (another catalogue model): take the
+            # one that does (its best, else the first); with none that fits, keep it and show why.
+            better = self.preferred_draft()
+            if better:
+                self.draft_combo.blockSignals(True)
+                self.draft_combo.setCurrentIndex(self._index_of(self.draft_combo, better))
+                self.draft_combo.blockSignals(False)
         self._draft_changed()
 
     def _draft_changed(self, *_: object) -> None:

@@ -140,3 +140,31 @@ def test_prepare_dialog_reports_failure(qtbot):
         dlg.start()
     assert dlg.exit_code == 3 and "failed (exit code 3)" in dlg.info.text()
     assert "no network" in dlg.log.toPlainText()
+
+
+def test_a_new_target_trades_a_draft_that_does_not_fit_for_one_that_does(qtbot, settings, fake_devices, app_home,
+                                                                          tmp_path):
+    """Picking another target (the SmolLM2 default -> Qwen2.5-Coder) takes that target's draft instead of leaving
+    the last one's selected, marked as not fitting; a draft that fits, "none", or nothing better are kept."""
+    targets = {k: tmp_path / f"target-{k}" for k in "abc"}
+    drafts = {k: app_home / "models" / "drafts" / f"{k}-draft" for k in "ab"}
+    for d in [*targets.values(), *drafts.values()]:
+        d.mkdir(parents=True)
+
+    def validator(t: str, d: str) -> list[str]:  # a draft fits the target of its letter
+        return [] if Path(d).name[0] == Path(t).name[-1] else ["built for another target's vocabulary"]
+
+    mp = ModelPanel(settings, devices=fake_devices, validator=validator)
+    qtbot.addWidget(mp)
+    mp.set_target(str(targets["a"]))
+    mp.set_draft(str(drafts["a"]))
+    mp.set_target(str(targets["b"]))
+    assert mp.draft_dir() == str(drafts["b"]) and mp.draft_reasons.text() == "✓ This draft fits the target."
+    assert mp.load_button.isEnabled()
+    mp.set_target(str(targets["c"]))  # nothing fits: the draft stays, with its reasons
+    assert mp.draft_dir() == str(drafts["b"]) and "does not fit" in mp.draft_reasons.text()
+    mp.set_draft(None)
+    mp.set_target(str(targets["a"]))  # "none" was chosen: kept
+    assert mp.draft_dir() is None
+    mp.set_draft(str(drafts["b"]))  # a draft chosen for this very target is never swapped behind one's back
+    assert mp.draft_dir() == str(drafts["b"]) and not mp.load_button.isEnabled()
