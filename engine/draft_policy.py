@@ -21,6 +21,11 @@ on the candidates before j (their confidences read the token drafted before), ne
 itself nor later ones, and the rejection sampler's proof holds position by position. Greedy output
 never depends on the choice: every committed token is the target's own.
 
+A sampled request with a fixed seed (`rng_seed`) must give the same text whatever runs beside it,
+and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
+the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
+and the draft's raw confidence or its own acceptance so far, which depend only on its own tokens.
+
 `always` verifies every drafted candidate (the fixed-count behaviour: `num_assistant_tokens=n`).
 """
 from __future__ import annotations
@@ -33,8 +38,10 @@ from engine.metrics import PositionCounts
 
 ALWAYS = "always"
 ADAPTIVE = "adaptive"
-POLICIES = (ALWAYS, ADAPTIVE)
+POLICIES = (ADAPTIVE, ALWAYS)
 DEFAULT_POLICY = ADAPTIVE
+REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
+REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
 
 
 def check_policy(name: object, field_name: str = "draft_policy") -> str:
@@ -276,12 +283,16 @@ class DraftPolicy:
             self.calibration.setdefault(sampled, Calibration()).observe(confidence[:verified], accepted, predicted)
 
     # ---- what to expect -----------------------------------------------------------------------
-    def chances(self, n: int, sampled: bool, confidence: list[float] | None, history: PositionCounts) -> list[float]:
-        """π_1..π_n of a drafted window: calibrated confidences, else the request's acceptance by position."""
+    def chances(self, n: int, sampled: bool, confidence: list[float] | None, history: PositionCounts,
+                reproducible: bool = False) -> list[float]:
+        """π_1..π_n of a drafted window: calibrated confidences, else the request's acceptance by position.
+        `reproducible`: from the request's own figures only (the raw confidence; no pooled prior)."""
         if confidence:
+            if reproducible:
+                return [min(max(float(c), 0.0), 0.999) for c in confidence[:n]]
             cal = self.calibration.setdefault(sampled, Calibration())
             return [cal(j, float(c)) for j, c in enumerate(confidence[:n])]
-        pooled = self.pooled.get(sampled, PositionCounts())
+        pooled = PositionCounts() if reproducible else self.pooled.get(sampled, PositionCounts())
         out = []
         for j in range(n):
             prior = pooled.conditional(j, self.prior_accept, self.prior_weight)
@@ -292,13 +303,19 @@ class DraftPolicy:
         return median(self.host) if self.host else 0.0
 
     # ---- the choice ---------------------------------------------------------------------------
+    @staticmethod
+    def choose_reproducible(chances: list[float]) -> int:
+        """A seeded sampled request's verify count: the same admission, alone, on fixed relative costs."""
+        return _admit([Offer(0, chances)], 0, 0.0, lambda rows: REPRODUCIBLE_FIXED_COST + 1.0
+                      + REPRODUCIBLE_ROW_COST * rows)[0]
+
     def choose(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> list[int]:
         """Candidates to verify per offer (in order), for the most expected tokens per ms of the step.
 
-        fixed_rows: the step's rows whatever is chosen (prompt chunks, windows still under validation,
-        each offer's anchor row); fixed_tokens: the tokens they give (one per window: the target's own);
-        fixed_ms: what the step costs besides the target (the draft call, the host). Everything while the
-        target's cost is unknown, and on every `explore_every`-th choice."""
+        fixed_rows: the step's other rows (prompt chunks, windows still under validation or verified whole);
+        fixed_tokens: the tokens they are expected to give; fixed_ms: what the step costs besides the target
+        (the draft call, the host). Each offer adds its anchor row and the target's own token. Everything
+        while the target's cost is unknown, and on every `explore_every`-th choice."""
         if not offers:
             return []
         full = [len(o.chances) for o in offers]
@@ -307,20 +324,25 @@ class DraftPolicy:
         self.choices += 1
         if self.explore_every and self.choices % self.explore_every == 0:
             return full
-        items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
-                       key=lambda t: (-t[0], t[1], t[2]))
-        rows, tokens = fixed_rows, fixed_tokens
-        ms = fixed_ms + self.target.estimate(rows)
-        verify = [0] * len(offers)
-        for a, j, i in items:
-            if j != verify[i]:  # an earlier position of this window was not admitted (ties only)
-                continue
-            ms2 = fixed_ms + self.target.estimate(rows + 1)
-            if ms2 <= 0 or (tokens + a) * ms <= tokens * ms2:  # no gain: stop at the first that does not pay
-                break
-            verify[i] += 1
-            rows, tokens, ms = rows + 1, tokens + a, ms2
-        return verify
+        return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows))
+
+
+def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> list[int]:
+    """Greedy admission in order of survival, stopping at the first candidate that does not raise tokens / cost."""
+    items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
+                   key=lambda t: (-t[0], t[1], t[2]))
+    rows, tokens = fixed_rows + len(offers), fixed_tokens + len(offers)
+    ms = cost(rows)
+    verify = [0] * len(offers)
+    for a, j, i in items:
+        if j != verify[i]:  # an earlier position of this window was not admitted (ties only)
+            continue
+        ms2 = cost(rows + 1)
+        if ms2 <= 0 or (tokens + a) * ms <= tokens * ms2:  # no gain: stop at the first that does not pay
+            break
+        verify[i] += 1
+        rows, tokens, ms = rows + 1, tokens + a, ms2
+    return verify
 
 
 def make_policy(name: str | None = None) -> DraftPolicy:

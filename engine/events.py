@@ -52,10 +52,11 @@ class StepEvent:
     logprobs: list[float] | None = None  # target log-probability of each committed token (logits requests)
     produced: int = 0  # tokens the step produced before stop rules cut them (an EOS counts)
     # Set only on the step that completes a validation window (a split window spans several steps):
-    # the window's candidates that were validated, how many of them the target accepted, and how many
-    # candidates the draft proposed for it (the draft policy may have verified fewer: docs/batching.md).
+    # the window's candidates that were validated, and how many of them the target accepted.
     window_drafted: list[int] | None = None
     window_accepted: int = 0
+    # Candidates the draft proposed for the window this step validates (the draft policy may verify fewer:
+    # docs/batching.md); 0 on steps that validate no window.
     window_proposed: int = 0
 
     @property

@@ -23,7 +23,7 @@ from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.events import GenerationResult, StepEvent, StepTimings
-from engine.draft_policy import ADAPTIVE, Offer, make_policy
+from engine.draft_policy import ADAPTIVE, Offer, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -440,19 +440,19 @@ class SpeculativePipeline:
                 fixed_tokens += 1.0 if req.decoding else 0.0
                 continue
             n = len(req.window) - 1
-            chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions)
+            seeded = req.config.do_sample and req.config.rng_seed is not None
+            chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions, seeded)
             req.window_chances = chances
-            if req.policy == ADAPTIVE:
+            if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
+                m = self.policy.choose_reproducible(chances)
+                req.window, req.proposals = req.window[: m + 1], req.proposals[:m]
+                fixed_rows += min(rows, m + 1)
+                fixed_tokens += 1.0 + sum(survivals(chances[:m]))
+            elif req.policy == ADAPTIVE:
                 offers.append((req, Offer(req.id, chances)))
-                fixed_rows += 1
-                fixed_tokens += 1.0
             else:
                 fixed_rows += rows
-                a = 1.0
-                for p in chances[: rows - 1]:
-                    a *= p
-                    fixed_tokens += a
-                fixed_tokens += 1.0
+                fixed_tokens += 1.0 + sum(survivals(chances[: rows - 1]))
         if not offers:
             return
         fixed_ms = draft_ms + self.policy.host_ms()
@@ -645,11 +645,11 @@ class SpeculativePipeline:
         confidence = req.confidence[pos: pos + len(seg)] if req.confidence else None
         event = self._commit(req, seg, tokens, acc, timings, logprobs)
         event.confidence = confidence
+        event.window_proposed = req.window_proposed
         if done or event.finished:
             if len(window) > 1:
                 event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
                 event.window_accepted = req.window_accepted
-                event.window_proposed = req.window_proposed
                 req.metrics.split_windows += int(req.window_steps > 1)
                 if done and self.policy is not None:
                     verified = len(window) - 1
