@@ -433,7 +433,7 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                     return n or 0
                 return info.max_candidates if policy == ADAPTIVE else info.default_candidates
 
-            ns = sorted(set(spec.num_assistant_tokens), key=lambda x: x or 0)
+            ns = list(dict.fromkeys(spec.num_assistant_tokens))
             if has_head:
                 ks = sorted({info.default_top_k if k is None else k for k in spec.markov_head_top_k}, reverse=True)
             else:
@@ -441,17 +441,18 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                 if any(k is not None for k in spec.markov_head_top_k) and dec is spec.decodings[0]:
                     notes.append(f"{path.name}: has no Markov head, so markov_head_top_k does not apply "
                                  "(one row per num_assistant_tokens).")
-            for n in ns:
+            counts = sorted({drafted(n, policy) for n in ns for policy in policies})
+            for n in counts:  # one row per drafted count x K x policy, in the order of the drafted count
                 for k in ks:
                     for policy in policies:
-                        d = drafted(n, policy)
-                        label = (f"{path.name} ({variant or 'draft'}) n={d}" + ("" if k is None else f" K={k}")
-                                 + f", {policy}")
-                        cfg = dec.config(num_assistant_tokens=d or None, markov_head_top_k=k)
-                        configs.append(_Config(row(f"{label} (this engine{suffix})", ENGINE, path.name, d, variant, k),
+                        if not any(drafted(m, policy) == n for m in ns):
+                            continue
+                        label = (f"{path.name} ({variant or 'draft'}) n={n}" + ("" if k is None else f" K={k}")
+                                 + ("" if policy == DEFAULT_POLICY else f", {policy}"))
+                        cfg = dec.config(num_assistant_tokens=n or None, markov_head_top_k=k)
+                        configs.append(_Config(row(f"{label} (this engine{suffix})", ENGINE, path.name, n, variant, k),
                                                EngineRunner(pipe, cfg, policy),
                                                dec))
-                n = drafted(n, ALWAYS)  # openvino_genai's DFlash verifies every candidate
                 if not (per_prompt and spec.genai_dflash):
                     continue
                 why = _genai_dflash_refusal(variant, has_head, dec)
