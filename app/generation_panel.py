@@ -130,7 +130,7 @@ class GenerationPanel(QGroupBox):
         self.draft_policy.setCurrentIndex(max(0, self.draft_policy.findData(saved if saved in POLICIES
                                                                            else DEFAULT_POLICY)))
         self.draft_policy.setToolTip(DRAFT_POLICY_TIP)
-        self._add(form, "Verify", "draft_policy", self.draft_policy)
+        self._add(more, "Verify", "draft_policy", self.draft_policy)
 
         self.markov_top_k = _ispin(-1, 100000, S.get_int(settings, S.K_MARKOV_TOP_K, -1), "markovHeadTopK")
         self.markov_top_k.setSpecialValueText("draft's default")

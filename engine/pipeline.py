@@ -647,7 +647,7 @@ class SpeculativePipeline:
         event.confidence = confidence
         event.window_proposed = req.window_proposed
         if done or event.finished:
-            if len(window) > 1:
+            if len(window) > 1 or req.window_proposed:  # a window the policy verified none of counts too
                 event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
                 event.window_accepted = req.window_accepted
                 req.metrics.split_windows += int(req.window_steps > 1)

@@ -514,8 +514,6 @@ def _windows(events) -> list[list]:
     """The request's events after its first token, grouped by the validation window they belong to."""
     groups, cur = [], []
     for e in events[1:]:
-        if e.window_drafted is None and not e.drafted and not cur:
-            continue  # a step that validated no candidate (the draft policy verified none): the target's token
         cur.append(e)
         if e.window_drafted is not None:
             groups.append(cur)
@@ -552,7 +550,7 @@ def check_window_accounting(run: Run, rid: int) -> None:
             assert e.accepted == len(e.drafted) and e.tokens == e.drafted
     # split_windows: windows validated over more than one step (a split whose first part is rejected ends there)
     assert m.split_windows == sum(len(g) > 1 for g in windows) <= m.windows
-    assert m.windows == sum(1 for g in windows if g[-1].window_drafted)
+    assert m.windows == sum(1 for g in windows if g[-1].window_drafted is not None)
     if m.split_windows:
         assert any(rid in s.split for s in run.steps if s is not None)
 

@@ -141,7 +141,8 @@ def test_frozen_costs_cheap_rows_verify_all_dear_rows_verify_none(request, alone
     assert runs["flat"] == always  # rows free: every drafted candidate verified, as `always` does
     # Rows priced in proportion and every prompt prefilled in the first step: a candidate would have to bring
     # more than a token per row (its survival is below 1), so the windows are drafted and none is verified.
-    assert runs["dear"] == [[] for _ in rids]
+    dear = [w for ws in runs["dear"] for w in ws]
+    assert dear and all(v == 0 and p > 0 for p, v, _ in dear) and max(p for p, _, _ in dear) == 6
 
 
 def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, alone, tiny_qwen3_target) -> None:
