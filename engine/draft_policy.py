@@ -30,6 +30,7 @@ and the draft's raw confidence or its own acceptance so far, which depend only o
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
@@ -66,6 +67,8 @@ class CostTable:
     near: int = 4
     samples: dict[int, deque[float]] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
+    _medians: dict[int, float] = field(default_factory=dict)
+    _sizes: list[int] = field(default_factory=list)  # the sizes a fit uses, in order
     _cache: dict[int, float] = field(default_factory=dict)
 
     def observe(self, size: int, ms: float) -> None:
@@ -73,17 +76,25 @@ class CostTable:
             return
         self.samples.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
         self.counts[size] = self.counts.get(size, 0) + 1
+        self._medians[size] = median(self.samples[size])
+        self._sizes = sorted(s for s in self.samples if self.counts[s] >= 2)
+        if len(self._sizes) < 2:
+            self._sizes = sorted(self.samples)
         self._cache.clear()
 
     def estimate(self, size: int) -> float:
         if size <= 0 or not self.samples:
             return 0.0
         if size not in self._cache:
-            sizes = [s for s in self.samples if self.counts[s] >= 2]
-            if len(sizes) < 2:
-                sizes = list(self.samples)
-            sizes = sorted(sizes, key=lambda s: (abs(s - size), s))[: self.near]
-            a, b = _affine([(s, median(self.samples[s]), self.counts[s]) for s in sizes])
+            sizes = self._sizes
+            i = bisect_left(sizes, size)
+            lo, hi = i, i  # the `near` sizes closest to `size` (ties to the smaller): widen a window around it
+            while hi - lo < min(self.near, len(sizes)):
+                if lo > 0 and (hi >= len(sizes) or size - sizes[lo - 1] <= sizes[hi] - size):
+                    lo -= 1
+                else:
+                    hi += 1
+            a, b = _affine([(s, self._medians[s], self.counts[s]) for s in sizes[lo:hi]])
             self._cache[size] = a + b * size
         return self._cache[size]
 
@@ -125,12 +136,14 @@ class Calibration:
     mean confidences: an isotonic map per position.
 
     `predicted` counts the same outcomes by the calibrated value the policy used (the reliability of
-    the map itself, docs/batching.md)."""
+    the map itself, docs/batching.md). The maps are rebuilt after every `refresh_every` windows (a
+    lookup is a few list reads: the policy makes one per drafted candidate per step)."""
 
     bins: int = 10
     positions: int = 16  # positions beyond share the last one's counts
     prior_weight: float = 20.0
     position_weight: float = 20.0
+    refresh_every: int = 8
     reached: list[list[int]] = field(default_factory=list)
     accepted: list[list[int]] = field(default_factory=list)
     conf_sum: list[list[float]] = field(default_factory=list)
@@ -138,6 +151,8 @@ class Calibration:
     predicted_accepted: list[int] = field(default_factory=list)
     predicted_sum: list[float] = field(default_factory=list)
     _maps: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+    _pooled: tuple[list[int], list[int], list[float]] = field(default_factory=lambda: ([], [], []))
+    _since: int = 0
 
     def __post_init__(self) -> None:
         if not self.reached:
@@ -148,6 +163,9 @@ class Calibration:
             self.predicted_reached = [0] * self.bins
             self.predicted_accepted = [0] * self.bins
             self.predicted_sum = [0.0] * self.bins
+        self._pooled = ([sum(r[b] for r in self.reached) for b in range(self.bins)],
+                        [sum(a[b] for a in self.accepted) for b in range(self.bins)],
+                        [sum(c[b] for c in self.conf_sum) for b in range(self.bins)])
 
     def _bin(self, c: float) -> int:
         return min(self.bins - 1, max(0, int(c * self.bins)))
@@ -158,17 +176,24 @@ class Calibration:
     def observe(self, confidence: list[float], accepted: int, predicted: list[float] | None = None) -> None:
         """A closed window: the confidences of the candidates the target verified, how many it accepted
         (in order), and the calibrated values the policy used for them (if any)."""
+        pr, pa, ps = self._pooled
         for j, c in enumerate(confidence[: accepted + 1]):  # positions past the first rejection were not reached
             p, b = self._pos(j), self._bin(c)
             self.reached[p][b] += 1
             self.accepted[p][b] += int(j < accepted)
             self.conf_sum[p][b] += c
+            pr[b] += 1
+            pa[b] += int(j < accepted)
+            ps[b] += c
             if predicted is not None and j < len(predicted):
                 k = self._bin(predicted[j])
                 self.predicted_reached[k] += 1
                 self.predicted_accepted[k] += int(j < accepted)
                 self.predicted_sum[k] += predicted[j]
-        self._maps.clear()
+        self._since += 1
+        if self._since >= self.refresh_every:
+            self._since = 0
+            self._maps.clear()
 
     def _center(self, reached: int, conf_sum: float, b: int) -> float:
         return conf_sum / reached if reached else (b + 0.5) / self.bins
@@ -177,11 +202,10 @@ class Calibration:
         if p in self._maps:
             return self._maps[p]
         xs, ys, ws = [], [], []
+        pr, pa, ps = self._pooled
         for b in range(self.bins):
-            r_all = sum(self.reached[q][b] for q in range(self.positions))
-            a_all = sum(self.accepted[q][b] for q in range(self.positions))
-            s_all = sum(self.conf_sum[q][b] for q in range(self.positions))
-            x_all = self._center(r_all, s_all, b)
+            r_all, a_all = pr[b], pa[b]
+            x_all = self._center(r_all, ps[b], b)
             pooled = (a_all + self.prior_weight * x_all) / (r_all + self.prior_weight)
             r, a = self.reached[p][b], self.accepted[p][b]
             xs.append(self._center(r, self.conf_sum[p][b], b) if r else x_all)
@@ -199,13 +223,10 @@ class Calibration:
         elif c >= xs[-1]:
             v = ys[-1]
         else:
-            v = ys[-1]
-            for i in range(1, len(xs)):
-                if c <= xs[i]:
-                    span = xs[i] - xs[i - 1]
-                    t = (c - xs[i - 1]) / span if span > 0 else 1.0
-                    v = ys[i - 1] + t * (ys[i] - ys[i - 1])
-                    break
+            i = bisect_left(xs, c)
+            span = xs[i] - xs[i - 1]
+            t = (c - xs[i - 1]) / span if span > 0 else 1.0
+            v = ys[i - 1] + t * (ys[i] - ys[i - 1])
         return min(max(v, 0.0), 0.999)
 
     def reliability(self) -> dict[str, object]:
@@ -280,7 +301,7 @@ class DraftPolicy:
             return
         self.pooled.setdefault(sampled, PositionCounts()).add(verified, accepted)
         if confidence:
-            self.calibration.setdefault(sampled, Calibration()).observe(confidence[:verified], accepted, predicted)
+            self._calibration(sampled).observe(confidence[:verified], accepted, predicted)
 
     # ---- what to expect -----------------------------------------------------------------------
     def chances(self, n: int, sampled: bool, confidence: list[float] | None, history: PositionCounts,
@@ -290,7 +311,7 @@ class DraftPolicy:
         if confidence:
             if reproducible:
                 return [min(max(float(c), 0.0), 0.999) for c in confidence[:n]]
-            cal = self.calibration.setdefault(sampled, Calibration())
+            cal = self._calibration(sampled)
             return [cal(j, float(c)) for j, c in enumerate(confidence[:n])]
         pooled = PositionCounts() if reproducible else self.pooled.get(sampled, PositionCounts())
         out = []
@@ -298,6 +319,12 @@ class DraftPolicy:
             prior = pooled.conditional(j, self.prior_accept, self.prior_weight)
             out.append(min(history.conditional(j, prior, self.prior_weight), 0.999))
         return out
+
+    def _calibration(self, sampled: bool) -> Calibration:
+        cal = self.calibration.get(sampled)
+        if cal is None:
+            cal = self.calibration[sampled] = Calibration()
+        return cal
 
     def host_ms(self) -> float:
         return median(self.host) if self.host else 0.0
