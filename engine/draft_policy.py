@@ -21,10 +21,17 @@ on the candidates before j (their confidences read the token drafted before), ne
 itself nor later ones, and the rejection sampler's proof holds position by position. Greedy output
 never depends on the choice: every committed token is the target's own.
 
+How many candidates to draft is chosen before the draft call, for the whole step: the drafted
+count is capped at one more than the `draft_quantile` of the verified lengths the policy chose
+lately (a window it verified whole votes for one more), and every `explore_draft_every`-th draft
+step drafts the requests' full count; drafting a candidate costs a row of the draft call for
+every request, and at many requests the policy verifies few.
+
 A sampled request with a fixed seed (`rng_seed`) must give the same text whatever runs beside it,
 and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
 the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
-and the draft's raw confidence or its own acceptance so far, which depend only on its own tokens.
+and the draft's raw confidence or its own acceptance so far, which depend only on its own tokens,
+and it always drafts its full count (a block of another length drafts other candidates).
 
 `always` verifies every drafted candidate (the fixed-count behaviour: `num_assistant_tokens=n`).
 """
@@ -280,7 +287,12 @@ class DraftPolicy:
 
     prior_accept: float = 0.6  # P(accept | prefix passed) before any window closed
     prior_weight: float = 8.0  # windows' worth of the pooled rate in each request's estimate
-    explore_every: int = 24  # every so many choices, verify everything (measures the larger row counts)
+    explore_every: int = 48  # every so many choices, verify everything (measures the larger row counts)
+    explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
+    draft_quantile: float = 0.9
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
+    draft_steps: int = 0
+    explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
     target: CostTable = field(default_factory=CostTable)
     host: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # a step's host ms outside the inferences
     calibration: dict[bool, Calibration] = field(default_factory=dict)
@@ -330,6 +342,21 @@ class DraftPolicy:
         return median(self.host) if self.host else 0.0
 
     # ---- the choice ---------------------------------------------------------------------------
+    def draft_cap(self) -> int | None:
+        """The most candidates this step's adaptive windows draft (None: each its full count)."""
+        if len(self.recent) < 16:
+            return None
+        self.draft_steps += 1
+        if self.explore_draft_every and self.draft_steps % self.explore_draft_every == 0:
+            return None
+        lengths = sorted(self.recent)
+        return 1 + lengths[int(self.draft_quantile * (len(lengths) - 1))]
+
+    def observe_choice(self, verified: int, drafted: int, capped: bool) -> None:
+        """A window the policy cut: `verified` of its `drafted` candidates; `capped`: it drafted fewer than its
+        request's count (then a window verified whole asks for one more)."""
+        self.recent.append(verified + int(capped and verified == drafted))
+
     @staticmethod
     def choose_reproducible(chances: list[float]) -> int:
         """A seeded sampled request's verify count: the same admission, alone, on fixed relative costs."""
@@ -346,11 +373,13 @@ class DraftPolicy:
         if not offers:
             return []
         full = [len(o.chances) for o in offers]
+        self.explored = True
         if not self.target.seen:
             return full
         self.choices += 1
         if self.explore_every and self.choices % self.explore_every == 0:
             return full
+        self.explored = False
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows))
 
 

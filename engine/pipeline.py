@@ -70,6 +70,7 @@ class _Request:
     t_added: float
     generated: list[int] = field(default_factory=list)
     policy: str = ADAPTIVE  # how much of a drafted window the target verifies (engine/draft_policy.py)
+    cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -105,8 +106,14 @@ class _Request:
         return self.fed >= len(self.feed)
 
     def next_candidates(self) -> int:
-        """Candidates the next window can hold without running past max_new_tokens."""
-        return max(0, min(self.num_candidates, self.config.max_new_tokens - len(self.generated) - 1))
+        """Candidates the next window can hold without running past max_new_tokens (nor the policy's cap)."""
+        n = self.num_candidates if self.cap is None else min(self.num_candidates, self.cap)
+        return max(0, min(n, self.config.max_new_tokens - len(self.generated) - 1))
+
+    @property
+    def reproducible(self) -> bool:
+        """A seeded sampled request: its text must not depend on timings nor on the batch."""
+        return self.config.do_sample and self.config.rng_seed is not None
 
     def rows_wanted(self) -> int:
         if not self.decoding:
@@ -383,6 +390,8 @@ class SpeculativePipeline:
                   for r in self._live() if r.cancel_requested]
         while self._waiting and len(self._running) < self.scheduler.max_num_seqs:
             self._admit(self._waiting.popleft(), stats)
+        if self.policy is not None:
+            self._cap_candidates()
         plan = plan_rows(self._running, self.scheduler.max_num_batched_tokens, self.scheduler.max_num_seqs,
                          self._rotate)
         self._rotate += 1
@@ -428,6 +437,14 @@ class SpeculativePipeline:
             self.policy.observe_step(stats.tokens, timings.target_ms, host_ms)
         return events
 
+    def _cap_candidates(self) -> None:
+        """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
+        opening = [r for r in self._running[: self.scheduler.max_num_seqs]
+                   if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
+        cap = self.policy.draft_cap() if opening else None
+        for r in opening:
+            r.cap = cap
+
     def _choose_windows(self, plan: list[tuple[_Request, int]], drafted_now: set[int], draft_ms: float) -> None:
         """How far the target verifies each window drafted in this step (engine/draft_policy.py): the
         adaptive requests' windows are cut to the candidates that pay for their rows, before the verify call
@@ -440,7 +457,7 @@ class SpeculativePipeline:
                 fixed_tokens += 1.0 if req.decoding else 0.0
                 continue
             n = len(req.window) - 1
-            seeded = req.config.do_sample and req.config.rng_seed is not None
+            seeded = req.reproducible
             chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions, seeded)
             req.window_chances = chances
             if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
@@ -457,7 +474,10 @@ class SpeculativePipeline:
             return
         fixed_ms = draft_ms + self.policy.host_ms()
         verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
-        for (req, _), m in zip(offers, verify):
+        for (req, offer), m in zip(offers, verify):
+            if not self.policy.explored:
+                capped = req.cap is not None and len(offer.chances) == req.cap < req.num_candidates
+                self.policy.observe_choice(m, len(offer.chances), capped)
             req.window = req.window[: m + 1]
             req.proposals = req.proposals[:m]
 

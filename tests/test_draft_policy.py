@@ -117,6 +117,21 @@ def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_win
     assert picks == [0, 0, 0, 3, 0, 0, 0, 3]
 
 
+def test_the_drafted_count_follows_the_verified_lengths_and_explores() -> None:
+    p = DraftPolicy(explore_draft_every=4)
+    assert p.draft_cap() is None  # too few choices seen: every request drafts its full count
+    for _ in range(40):
+        p.observe_choice(2, 8, capped=False)
+    p.observe_choice(6, 8, capped=False)  # one long window among many short: the 90th percentile is 2
+    caps = [p.draft_cap() for _ in range(8)]
+    assert caps == [3, 3, 3, None, 3, 3, 3, None]  # one more than it verifies; every 4th draft step the full count
+    for _ in range(64):
+        p.observe_choice(3, 3, capped=True)  # capped windows verified whole ask for one more
+    assert p.draft_cap() == 5
+    assert DraftPolicy.choose_reproducible([0.95] * 6) == 6 and DraftPolicy.choose_reproducible([0.02] * 6) == 0
+    assert DraftPolicy.choose_reproducible([0.95, 0.95, 0.02, 0.95]) == 2  # stops at the first doubtful one
+
+
 def test_whether_a_candidate_is_verified_never_depends_on_the_ones_after_it() -> None:
     """What keeps sampled output exact: candidate j's verification may depend on the chances up to j (they read
     the tokens drafted before j) and on other requests, never on chance j+1 onwards (which read candidate j)."""
