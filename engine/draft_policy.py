@@ -264,10 +264,12 @@ def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
 # ---- the choice ---------------------------------------------------------------------------------
 @dataclass
 class Offer:
-    """One window opening in this step: its drafted candidates' chances π_j (accepted | the ones before)."""
+    """One window opening in this step: its drafted candidates' chances π_j (accepted | the ones before).
+    `padded`: the target pads a one-row chunk to two rows (row invariance), so its first candidate is free."""
 
     request_id: int
     chances: list[float]
+    padded: bool = False
 
 
 def survivals(chances: list[float]) -> list[float]:
@@ -295,16 +297,20 @@ class DraftPolicy:
     explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
     target: CostTable = field(default_factory=CostTable)
     host: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # a step's host ms outside the inferences
+    drafting: deque[float] = field(default_factory=lambda: deque(maxlen=8))  # the draft stage's ms, steps that drafted
     calibration: dict[bool, Calibration] = field(default_factory=dict)
     pooled: dict[bool, PositionCounts] = field(default_factory=dict)
     choices: int = 0
 
     # ---- what happened ------------------------------------------------------------------------
-    def observe_step(self, rows: int, target_ms: float, host_ms: float) -> None:
-        """A step's target inference over `rows` rows, and what the step spent besides its inferences."""
+    def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
+        """A step's target inference over `rows` rows, its draft stage (0: it drafted nothing), and what the
+        step spent besides its inferences."""
         self.target.observe(rows, target_ms)
         if host_ms >= 0:
             self.host.append(host_ms)
+        if draft_ms > 0:
+            self.drafting.append(draft_ms)
 
     def observe_window(self, sampled: bool, verified: int, accepted: int, confidence: list[float] | None,
                        predicted: list[float] | None = None) -> None:
@@ -341,6 +347,11 @@ class DraftPolicy:
     def host_ms(self) -> float:
         return median(self.host) if self.host else 0.0
 
+    def fixed_ms(self, draft_ms: float) -> float:
+        """What a drafting step costs besides the target: the draft stage (the median of the last ones, so one
+        slow call does not swing the choice; this step's own before any) and the host."""
+        return (median(self.drafting) if self.drafting else draft_ms) + self.host_ms()
+
     # ---- the choice ---------------------------------------------------------------------------
     def draft_cap(self) -> int | None:
         """The most candidates this step's adaptive windows draft (None: each its full count)."""
@@ -358,15 +369,16 @@ class DraftPolicy:
         self.recent.append(verified + int(capped and verified == drafted))
 
     @staticmethod
-    def choose_reproducible(chances: list[float]) -> int:
+    def choose_reproducible(chances: list[float], padded: bool = False) -> int:
         """A seeded sampled request's verify count: the same admission, alone, on fixed relative costs."""
-        return _admit([Offer(0, chances)], 0, 0.0, lambda rows: REPRODUCIBLE_FIXED_COST + 1.0
+        return _admit([Offer(0, chances, padded)], 0, 0.0, lambda rows: REPRODUCIBLE_FIXED_COST + 1.0
                       + REPRODUCIBLE_ROW_COST * rows)[0]
 
     def choose(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> list[int]:
         """Candidates to verify per offer (in order), for the most expected tokens per ms of the step.
 
-        fixed_rows: the step's other rows (prompt chunks, windows still under validation or verified whole);
+        fixed_rows: the step's other rows as the target runs them (prompt chunks, windows still under
+        validation or verified whole, a one-row chunk's padding row included);
         fixed_tokens: the tokens they are expected to give; fixed_ms: what the step costs besides the target
         (the draft call, the host). Each offer adds its anchor row and the target's own token. Everything
         while the target's cost is unknown, and on every `explore_every`-th choice."""
@@ -387,17 +399,19 @@ def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> l
     """Greedy admission in order of survival, stopping at the first candidate that does not raise tokens / cost."""
     items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
                    key=lambda t: (-t[0], t[1], t[2]))
-    rows, tokens = fixed_rows + len(offers), fixed_tokens + len(offers)
+    rows = fixed_rows + sum(2 if o.padded else 1 for o in offers)
+    tokens = fixed_tokens + len(offers)
     ms = cost(rows)
     verify = [0] * len(offers)
     for a, j, i in items:
         if j != verify[i]:  # an earlier position of this window was not admitted (ties only)
             continue
-        ms2 = cost(rows + 1)
+        more = 0 if j == 0 and offers[i].padded else 1
+        ms2 = cost(rows + more)
         if ms2 <= 0 or (tokens + a) * ms <= tokens * ms2:  # no gain: stop at the first that does not pay
             break
         verify[i] += 1
-        rows, tokens, ms = rows + 1, tokens + a, ms2
+        rows, tokens, ms = rows + more, tokens + a, ms2
     return verify
 
 

@@ -434,8 +434,13 @@ class SpeculativePipeline:
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
         if self.policy is not None:
             host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
-            self.policy.observe_step(stats.tokens, timings.target_ms, host_ms)
+            rows = sum(self._target_rows(len(c.ids)) for c in chunks)
+            self.policy.observe_step(rows, timings.target_ms, host_ms, timings.draft_step_ms)
         return events
+
+    def _target_rows(self, rows: int) -> int:
+        """The rows the target runs for a chunk of `rows` (a one-row chunk gets a padding row: row invariance)."""
+        return rows + int(rows == 1 and getattr(self.target, "pad_single_rows", False))
 
     def _cap_candidates(self) -> None:
         """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
@@ -451,9 +456,10 @@ class SpeculativePipeline:
         and from what is known before it (the candidates' confidences or the request's acceptance so far)."""
         offers: list[tuple[_Request, Offer]] = []
         fixed_rows, fixed_tokens = 0, 0.0
+        padded = self._target_rows(1) == 2
         for req, rows in plan:
             if req.id not in drafted_now:
-                fixed_rows += rows
+                fixed_rows += self._target_rows(rows)
                 fixed_tokens += 1.0 if req.decoding else 0.0
                 continue
             n = len(req.window) - 1
@@ -461,18 +467,18 @@ class SpeculativePipeline:
             chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions, seeded)
             req.window_chances = chances
             if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
-                m = self.policy.choose_reproducible(chances)
+                m = self.policy.choose_reproducible(chances, padded)
                 req.window, req.proposals = req.window[: m + 1], req.proposals[:m]
-                fixed_rows += min(rows, m + 1)
+                fixed_rows += self._target_rows(min(rows, m + 1))
                 fixed_tokens += 1.0 + sum(survivals(chances[:m]))
             elif req.policy == ADAPTIVE:
-                offers.append((req, Offer(req.id, chances)))
+                offers.append((req, Offer(req.id, chances, padded)))
             else:
-                fixed_rows += rows
+                fixed_rows += self._target_rows(rows)
                 fixed_tokens += 1.0 + sum(survivals(chances[: rows - 1]))
         if not offers:
             return
-        fixed_ms = draft_ms + self.policy.host_ms()
+        fixed_ms = self.policy.fixed_ms(draft_ms)
         verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
         for (req, offer), m in zip(offers, verify):
             if not self.policy.explored:
