@@ -140,9 +140,11 @@ def test_frozen_costs_cheap_rows_verify_all_dear_rows_verify_none(request, alone
     always = [_windows(events[r]) for r in rids]
     assert runs["flat"] == always  # rows free: every drafted candidate verified, as `always` does
     # Rows priced in proportion and every prompt prefilled in the first step: a candidate would have to bring
-    # more than a token per row (its survival is below 1), so the windows are drafted and none is verified.
+    # more than a token per row (its survival is below 1), so at most the first candidate, which rides on the
+    # padding row a one-row chunk gets anyway (row invariance, CPU), is verified (if it has any chance at all).
     dear = [w for ws in runs["dear"] for w in ws]
-    assert dear and all(v == 0 and p > 0 for p, v, _ in dear) and max(p for p, _, _ in dear) == 6
+    assert pipe.target.pad_single_rows and dear and max(p for p, _, _ in dear) == 6
+    assert all(v <= 1 for _, v, _ in dear) and sum(v for _, v, _ in dear) > len(dear) / 2
 
 
 def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, alone, tiny_qwen3_target) -> None:
@@ -175,8 +177,9 @@ def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, 
         assert len(opened) == len(seen)
         for e, conf in zip(opened, seen):
             first_doubtful = next((j for j, c in enumerate(conf) if c < CUT), len(conf))
-            assert len(e.drafted) == first_doubtful, (conf, len(e.drafted))
-    assert len({len(e.drafted) for e in opened}) >= 2
+            # the first candidate rides on the padding row a one-row chunk gets anyway (row invariance, CPU)
+            assert len(e.drafted) == max(first_doubtful, 1), (conf, len(e.drafted))
+    assert pipe.target.pad_single_rows and len({len(e.drafted) for e in opened}) >= 2
 
 
 def test_a_seeded_sampled_request_gives_the_same_text_in_any_batch(request, tiny_qwen3_target) -> None:
