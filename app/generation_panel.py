@@ -2,7 +2,8 @@
 
 Greedy or sampling (temperature, top-k, top-p, min-p, an optional fixed seed: enabled only when
 sampling), penalties (they apply to greedy decoding too), min new tokens, stop strings, draft
-tokens per step and, when the loaded draft has a Markov head, its Top-K (markov_head_top_k).
+tokens per step, how much of each drafted window the target verifies (draft_policy: adaptive, the
+default, or every candidate) and, when the loaded draft has a Markov head, its Top-K (markov_head_top_k).
 The panel checks nothing itself: GenerationConfig.validate() and the engine's add_request do, and
 their ValueError (which names the field) is shown under that field; nothing typed is lost.
 """
@@ -11,20 +12,26 @@ from __future__ import annotations
 import re
 
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QPushButton, QRadioButton, QSpinBox, QToolButton, QVBoxLayout,
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QRadioButton, QSpinBox, QToolButton, QVBoxLayout,
                                QWidget)
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
+from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES
 from engine.generation_defaults import DecodingDefaults
 
 # Settings that make up "the decoding": editing one of them is the person's own choice.
 DECODING_KEYS = (S.K_DO_SAMPLE, S.K_TEMPERATURE, S.K_TOP_K, S.K_TOP_P, S.K_MIN_P, S.K_REPETITION_PENALTY)
 
 SEED_MAX = 2**31 - 1
-NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. “draft's default” uses the draft's own "
-                     "value (its config's num_assistant_tokens, else a full block).")
+NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. The default is a full block when the "
+                     "target verifies what pays, else the draft's own value (its config's num_assistant_tokens).")
+DRAFT_POLICY_LABELS = {ADAPTIVE: "What pays (adaptive)", ALWAYS: "Every drafted token"}
+DRAFT_POLICY_TIP = ("draft_policy: how many of each step's drafted tokens the target checks. “What pays” checks the "
+                    "ones likely enough to be accepted to be worth their cost (the draft's calibrated confidence, "
+                    "the measured cost of the target's rows); “Every drafted token” checks them all. The text is "
+                    "the same either way: only the speed changes.")
 _FIELD = re.compile(r"^\s*([a-z_]+)\b")
 
 
@@ -77,6 +84,8 @@ class GenerationPanel(QGroupBox):
         self._errors: dict[str, QLabel] = {}
         self._rows: dict[str, QWidget] = {}
         self._draft_loaded = False
+        self._max_candidates = 0
+        self._default_candidates = 0
         self._has_head = False
         self._variant: str | None = None
         self._default_top_k = 0
@@ -112,6 +121,16 @@ class GenerationPanel(QGroupBox):
         self.num_assistant.setSpecialValueText("draft's default")
         self.num_assistant.setToolTip(NUM_ASSISTANT_TIP)
         self._add(form, "Draft tokens per step", "num_assistant_tokens", self.num_assistant)
+
+        self.draft_policy = QComboBox()
+        self.draft_policy.setObjectName("draftPolicy")
+        for name in POLICIES:
+            self.draft_policy.addItem(DRAFT_POLICY_LABELS[name], name)
+        saved = S.get_str(settings, S.K_DRAFT_POLICY, DEFAULT_POLICY)
+        self.draft_policy.setCurrentIndex(max(0, self.draft_policy.findData(saved if saved in POLICIES
+                                                                           else DEFAULT_POLICY)))
+        self.draft_policy.setToolTip(DRAFT_POLICY_TIP)
+        self._add(more, "Verify", "draft_policy", self.draft_policy)
 
         self.markov_top_k = _ispin(-1, 100000, S.get_int(settings, S.K_MARKOV_TOP_K, -1), "markovHeadTopK")
         self.markov_top_k.setSpecialValueText("draft's default")
@@ -221,6 +240,7 @@ class GenerationPanel(QGroupBox):
         self._persist(self.min_new_tokens, S.K_MIN_NEW_TOKENS)
         self._persist(self.num_assistant, S.K_NUM_ASSISTANT)
         self._persist(self.markov_top_k, S.K_MARKOV_TOP_K)
+        self.draft_policy.currentIndexChanged.connect(self._policy_changed)
         self._persist(self.temperature, S.K_TEMPERATURE)
         self._persist(self.top_k, S.K_TOP_K)
         self._persist(self.top_p, S.K_TOP_P)
@@ -273,6 +293,28 @@ class GenerationPanel(QGroupBox):
         self.more_button.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
         self.more_box.setVisible(on)
         self.settings.setValue(S.K_MORE_SETTINGS, on)
+
+    def _policy_changed(self, _index: int) -> None:
+        self._update_num_assistant_default()
+        self._changed(S.K_DRAFT_POLICY, self.policy_name)
+
+    @property
+    def policy_name(self) -> str:
+        return str(self.draft_policy.currentData() or DEFAULT_POLICY)
+
+    def _update_num_assistant_default(self) -> None:
+        """The drafted count a request gets when it does not say: a full block when the target verifies what
+        pays (the engine's rule), else the draft's own."""
+        if not self._draft_loaded:
+            self.num_assistant.setSpecialValueText("draft's default")
+            return
+        if self.policy_name == ADAPTIVE and self._max_candidates:
+            text = f"full block ({self._max_candidates})"
+        elif self._default_candidates:
+            text = f"draft's default ({self._default_candidates})"
+        else:
+            text = "draft's default"
+        self.num_assistant.setSpecialValueText(text)
 
     def _persist(self, w, key: str) -> None:
         w.valueChanged.connect(lambda v: self._changed(key, v))
@@ -343,10 +385,12 @@ class GenerationPanel(QGroupBox):
         self._has_head = loaded and has_head
         self._variant = variant if loaded else None
         self._default_top_k = default_top_k
+        self._max_candidates = max_candidates or 0
+        self._default_candidates = default_candidates
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
-        self.num_assistant.setSpecialValueText(f"draft's default ({default_candidates})" if loaded and default_candidates
-                                               else "draft's default")
+        self.draft_policy.setEnabled(loaded)
+        self._update_num_assistant_default()
         self.num_assistant.setToolTip(NUM_ASSISTANT_TIP if loaded
                                       else "No draft loaded: the target makes one token per step.")
         # markov_head_top_k only means something for a draft with a head (DSpark's, DFlash v2's selector).
@@ -394,6 +438,7 @@ class GenerationPanel(QGroupBox):
             min_new_tokens=self.min_new_tokens.value(),
             num_assistant_tokens=(n if (n > 0 and with_draft) else None),
             markov_head_top_k=(k if (k >= 0 and with_draft and self._has_head) else None),
+            draft_policy=(self.policy_name if with_draft else None),
             stop_strings=parse_stop_strings(self.stop_strings.toPlainText()),
             do_sample=sampling,
             temperature=self.temperature.value() if sampling else 1.0,

@@ -23,6 +23,7 @@ K_LAST_DRAFT = "models/last_draft"  # "" means "no draft"
 K_LAST_DEVICE = "models/last_device"
 K_MAX_NEW_TOKENS = "generation/max_new_tokens"
 K_NUM_ASSISTANT = "generation/num_assistant_tokens"  # 0 means "the draft's default"
+K_DRAFT_POLICY = "generation/draft_policy"  # "adaptive" | "always" (engine/draft_policy.py)
 K_MIN_NEW_TOKENS = "generation/min_new_tokens"
 K_MARKOV_TOP_K = "generation/markov_head_top_k"  # -1 means "the draft's default"
 K_DO_SAMPLE = "generation/do_sample"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine import __version__
 from engine.console import end_line, progress_printer, say, stdout_to_stderr
+from engine.draft_policy import DEFAULT_POLICY, POLICIES
 from engine.errors import DFlashError, DraftMismatchError
 
 
@@ -68,7 +69,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
     target, draft = _resolve_models(args)
-    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on")
+    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on", draft_policy=args.draft_policy)
     if args.cache_size_mb is not None:
         scheduler.cache_size_mb = args.cache_size_mb
     pipe = load_engine(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
@@ -296,7 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--num-assistant-tokens", type=int, default=None, help="candidates per step (default: block-1)")
+    gen.add_argument("--num-assistant-tokens", type=int, default=None,
+                     help="candidates the draft proposes per step (default: a full block under --draft-policy "
+                          "adaptive, the draft's own count under always)")
+    gen.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
+                     help="how many drafted candidates the target verifies: 'adaptive' (default) the ones that "
+                          "pay for their rows, 'always' every one (the text is the same either way)")
     gen.add_argument("--markov-head-top-k", type=int, default=None,
                      help="drafts with a Markov head: K of the Top-K scorer (0 = dense walk, DSpark only)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")

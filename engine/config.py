@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
+from engine.draft_policy import check_policy
+
 MAX_ASSISTANT_TOKENS = 100
 
 
@@ -19,6 +21,7 @@ class GenerationConfig:
     min_new_tokens: int = 0
     num_assistant_tokens: int | None = None
     markov_head_top_k: int | None = None  # drafts with a Markov head: K of the scorer, 0 = dense walk
+    draft_policy: str | None = None  # "adaptive" | "always" (engine/draft_policy.py); None: the engine's setting
     stop_token_ids: set[int] = field(default_factory=set)
     stop_strings: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -57,6 +60,8 @@ class GenerationConfig:
         _int_at_least("top_k", self.top_k, 0)
         if self.markov_head_top_k is not None:
             _int_at_least("markov_head_top_k", self.markov_head_top_k, 0)
+        if self.draft_policy is not None:
+            check_policy(self.draft_policy)
         if self.rng_seed is not None:
             _int_at_least("rng_seed", self.rng_seed, 0)
         if self.num_assistant_tokens is not None:

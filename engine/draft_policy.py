@@ -1,52 +1,81 @@
-"""How many candidates the requests of a batched step draft: always the full count, or adaptively.
+"""How many of a window's drafted candidates the target verifies: all of them, or what pays.
 
-With one request in flight a window of 1 + n rows costs the target little more than one row, so
-drafting the full count pays. With many in flight the CPU's cost grows with the rows, and a full
-window per request can cost more than its accepted tokens save (docs/benchmarks.md, "Continuous
-batching", has the measurements). The adaptive policy picks, every step, one candidate count k for
-the windows that open in it, the one with the most expected tokens per millisecond, from three
-online estimates:
+Every candidate the target verifies costs a row of the step's one inference; on a CPU a row costs
+real time, and a candidate past the first rejection buys nothing. The draft proposes its block in
+one call; the adaptive policy (`draft_policy="adaptive"`, the default) then chooses, for every window
+that opens in a step, how far the target checks it, from what is known before the verify call:
 
-* the target's milliseconds by rows in the step (`CostTable`: a fixed part plus a cost per row,
-  fitted to the median recent times of the nearest row counts this pipeline ran, so one slow step
-  does not price a row count out, and row counts not run yet are priced too);
-* the draft call's milliseconds by the candidate rows it drafts (the same table);
-* each request's chance that a candidate is accepted after the one before it was, α (a geometric
-  model: with k candidates a window commits (1 − α^(k+1)) / (1 − α) tokens on average), counted
-  over its closed windows from a prior of the pipeline's pooled rate.
+* each candidate's chance to be accepted given the ones before it were, π: the draft's own
+  confidence (DSpark's confidence head) mapped through a `Calibration` learned online from the
+  windows this pipeline closed; for drafts without a confidence head, the request's acceptance by
+  position so far (engine/metrics.PositionCounts), from a prior of the pipeline's pooled counts;
+* the step's cost: the target's milliseconds by rows (`CostTable`, robust to one slow call), plus
+  what the step pays whatever is verified (the draft call it just made, the host's own work).
 
-Every `explore_every`-th choice tries the next count in turn instead, so the costs of counts the
-policy stopped choosing are measured again (a CPU's costs drift with what else runs).
+It maximises expected tokens per millisecond of the whole step, all requests together: the
+candidates (request r, position j) are taken in order of their survival a_rj = π_r1 ··· π_rj, and
+admitted while admitting one more raises (tokens) / (ms); the first that does not ends the choice
+(DSpark's scheduler, docs/batching.md). Stopping at the first non-improvement is what keeps sampled
+output exact: whether candidate j is verified depends only on survivals no smaller than a_rj, so
+on the candidates before j (their confidences read the token drafted before), never on candidate j
+itself nor later ones, and the rejection sampler's proof holds position by position. Greedy output
+never depends on the choice: every committed token is the target's own.
 
-Greedy output does not depend on k (every committed token is the target's own), so the policy
-changes speed only. The scheduler's `draft_policy` setting picks it; it is opt-in, because on a
-2-core CPU it gains and loses by about as much as the step times wander (docs/batching.md).
+How many candidates to draft is chosen before the draft call, for the whole step: the drafted
+count is capped at one more than the `draft_quantile` of the verified lengths the policy chose
+lately (a window it verified whole votes for one more), and every `explore_draft_every`-th draft
+step drafts the requests' full count; drafting a candidate costs a row of the draft call for
+every request, and at many requests the policy verifies few.
+
+A sampled request with a fixed seed (`rng_seed`) must give the same text whatever runs beside it,
+and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
+the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
+and the draft's raw confidence or its own acceptance so far, which depend only on its own tokens,
+and it always drafts its full count (a block of another length drafts other candidates).
+
+`always` verifies every drafted candidate (the fixed-count behaviour: `num_assistant_tokens=n`).
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
+from engine.metrics import PositionCounts
+
 ALWAYS = "always"
 ADAPTIVE = "adaptive"
-POLICIES = (ALWAYS, ADAPTIVE)
+POLICIES = (ADAPTIVE, ALWAYS)
+DEFAULT_POLICY = ADAPTIVE
+REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
+REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
+
+
+def check_policy(name: object, field_name: str = "draft_policy") -> str:
+    """The policy's name, or a ValueError naming the field and the choices."""
+    if name not in POLICIES:
+        raise ValueError(f"{field_name}={name!r}: use one of {', '.join(POLICIES)} (\"adaptive\" verifies as many "
+                         "drafted candidates as pay for their rows, \"always\" verifies every one).")
+    return str(name)
 
 
 @dataclass
 class CostTable:
-    """Milliseconds by size (rows of a target step, or candidate rows of a draft call): a local affine fit,
-    fixed + per-unit cost (both >= 0), over the `near` sizes closest to the one asked for, each
-    priced at the median of its last `keep` times and weighted by how often it was seen; sizes seen
-    only once are left out while others were seen twice. Local, because a CPU prices a row of a long
-    prompt chunk lower than a row of a small decode step; medians and weights, because one slow
-    call (the first run at a new shape, another process taking the CPU) must not price a size out
-    for good. Sizes not seen yet are priced by the same fit."""
+    """Milliseconds by size (rows of a target step): a local affine fit, fixed + per-unit cost (both
+    >= 0), over the `near` sizes closest to the one asked for, each priced at the median of its last
+    `keep` times and weighted by how often it was seen; sizes seen only once are left out while
+    others were seen twice. Local, because a CPU prices a row of a long prompt chunk lower than a row
+    of a small decode step; medians and weights, because one slow call (the first run at a new shape,
+    another process taking the CPU) must not price a size out for good. Sizes not seen yet are priced
+    by the same fit."""
 
     keep: int = 8
     near: int = 4
     samples: dict[int, deque[float]] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
+    _medians: dict[int, float] = field(default_factory=dict)
+    _sizes: list[int] = field(default_factory=list)  # the sizes a fit uses, in order
     _cache: dict[int, float] = field(default_factory=dict)
 
     def observe(self, size: int, ms: float) -> None:
@@ -54,17 +83,25 @@ class CostTable:
             return
         self.samples.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
         self.counts[size] = self.counts.get(size, 0) + 1
+        self._medians[size] = median(self.samples[size])
+        self._sizes = sorted(s for s in self.samples if self.counts[s] >= 2)
+        if len(self._sizes) < 2:
+            self._sizes = sorted(self.samples)
         self._cache.clear()
 
     def estimate(self, size: int) -> float:
         if size <= 0 or not self.samples:
             return 0.0
         if size not in self._cache:
-            sizes = [s for s in self.samples if self.counts[s] >= 2]
-            if len(sizes) < 2:
-                sizes = list(self.samples)
-            sizes = sorted(sizes, key=lambda s: (abs(s - size), s))[: self.near]
-            a, b = _affine([(s, median(self.samples[s]), self.counts[s]) for s in sizes])
+            sizes = self._sizes
+            i = bisect_left(sizes, size)
+            lo, hi = i, i  # the `near` sizes closest to `size` (ties to the smaller): widen a window around it
+            while hi - lo < min(self.near, len(sizes)):
+                if lo > 0 and (hi >= len(sizes) or size - sizes[lo - 1] <= sizes[hi] - size):
+                    lo -= 1
+                else:
+                    hi += 1
+            a, b = _affine([(s, self._medians[s], self.counts[s]) for s in sizes[lo:hi]])
             self._cache[size] = a + b * size
         return self._cache[size]
 
@@ -93,95 +130,293 @@ def _affine(pts: list[tuple[int, float, int]]) -> tuple[float, float]:
     return a, b
 
 
+# ---- calibration of the draft's confidence ---------------------------------------------------------
 @dataclass
-class _Rate:
-    accepted: float = 0.0
-    rejected: float = 0.0
+class Calibration:
+    """The draft's confidence for a position -> P(accepted | every candidate before it was), learned online.
+
+    Counts per (position, confidence bin) of the positions the target reached and accepted. A bin's
+    estimate leans on the pooled bin of all positions (worth `position_weight` windows), which leans
+    on the confidence itself (worth `prior_weight`): with no data the map is the identity, and a
+    position with few windows borrows from the others. Per position the bin estimates are made
+    non-decreasing (pool-adjacent-violators), then read by linear interpolation between the bins'
+    mean confidences: an isotonic map per position.
+
+    `predicted` counts the same outcomes by the calibrated value the policy used (the reliability of
+    the map itself, docs/batching.md). The maps are rebuilt after every `refresh_every` windows (a
+    lookup is a few list reads: the policy makes one per drafted candidate per step)."""
+
+    bins: int = 10
+    positions: int = 16  # positions beyond share the last one's counts
+    prior_weight: float = 20.0
+    position_weight: float = 20.0
+    refresh_every: int = 8
+    reached: list[list[int]] = field(default_factory=list)
+    accepted: list[list[int]] = field(default_factory=list)
+    conf_sum: list[list[float]] = field(default_factory=list)
+    predicted_reached: list[int] = field(default_factory=list)
+    predicted_accepted: list[int] = field(default_factory=list)
+    predicted_sum: list[float] = field(default_factory=list)
+    _maps: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+    _pooled: tuple[list[int], list[int], list[float]] = field(default_factory=lambda: ([], [], []))
+    _since: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.reached:
+            shape = [[0] * self.bins for _ in range(self.positions)]
+            self.reached = [r[:] for r in shape]
+            self.accepted = [r[:] for r in shape]
+            self.conf_sum = [[0.0] * self.bins for _ in range(self.positions)]
+            self.predicted_reached = [0] * self.bins
+            self.predicted_accepted = [0] * self.bins
+            self.predicted_sum = [0.0] * self.bins
+        self._pooled = ([sum(r[b] for r in self.reached) for b in range(self.bins)],
+                        [sum(a[b] for a in self.accepted) for b in range(self.bins)],
+                        [sum(c[b] for c in self.conf_sum) for b in range(self.bins)])
+
+    def _bin(self, c: float) -> int:
+        return min(self.bins - 1, max(0, int(c * self.bins)))
+
+    def _pos(self, j: int) -> int:
+        return min(j, self.positions - 1)
+
+    def observe(self, confidence: list[float], accepted: int, predicted: list[float] | None = None) -> None:
+        """A closed window: the confidences of the candidates the target verified, how many it accepted
+        (in order), and the calibrated values the policy used for them (if any)."""
+        pr, pa, ps = self._pooled
+        for j, c in enumerate(confidence[: accepted + 1]):  # positions past the first rejection were not reached
+            p, b = self._pos(j), self._bin(c)
+            self.reached[p][b] += 1
+            self.accepted[p][b] += int(j < accepted)
+            self.conf_sum[p][b] += c
+            pr[b] += 1
+            pa[b] += int(j < accepted)
+            ps[b] += c
+            if predicted is not None and j < len(predicted):
+                k = self._bin(predicted[j])
+                self.predicted_reached[k] += 1
+                self.predicted_accepted[k] += int(j < accepted)
+                self.predicted_sum[k] += predicted[j]
+        self._since += 1
+        if self._since >= self.refresh_every:
+            self._since = 0
+            self._maps.clear()
+
+    def _center(self, reached: int, conf_sum: float, b: int) -> float:
+        return conf_sum / reached if reached else (b + 0.5) / self.bins
+
+    def _map(self, p: int) -> tuple[list[float], list[float]]:
+        if p in self._maps:
+            return self._maps[p]
+        xs, ys, ws = [], [], []
+        pr, pa, ps = self._pooled
+        for b in range(self.bins):
+            r_all, a_all = pr[b], pa[b]
+            x_all = self._center(r_all, ps[b], b)
+            pooled = (a_all + self.prior_weight * x_all) / (r_all + self.prior_weight)
+            r, a = self.reached[p][b], self.accepted[p][b]
+            xs.append(self._center(r, self.conf_sum[p][b], b) if r else x_all)
+            ys.append((a + self.position_weight * pooled) / (r + self.position_weight))
+            ws.append(r + self.position_weight)
+        ys = _isotonic(ys, ws)
+        self._maps[p] = (xs, ys)
+        return xs, ys
+
+    def __call__(self, j: int, c: float) -> float:
+        """P(candidate at position j (0 = first) accepted | the ones before were), given its confidence c."""
+        xs, ys = self._map(self._pos(j))
+        if c <= xs[0]:
+            v = ys[0]
+        elif c >= xs[-1]:
+            v = ys[-1]
+        else:
+            i = bisect_left(xs, c)
+            span = xs[i] - xs[i - 1]
+            t = (c - xs[i - 1]) / span if span > 0 else 1.0
+            v = ys[i - 1] + t * (ys[i] - ys[i - 1])
+        return min(max(v, 0.0), 0.999)
+
+    def reliability(self) -> dict[str, object]:
+        """The counts behind the map, per position and bin (for the bench's reliability data)."""
+        return {"bins": self.bins, "reached": [r[:] for r in self.reached], "accepted": [a[:] for a in self.accepted],
+                "confidence_sum": [[round(x, 4) for x in s] for s in self.conf_sum],
+                "map": [[round(y, 4) for y in self._map(p)[1]] for p in range(self.positions)],
+                "map_x": [[round(x, 4) for x in self._map(p)[0]] for p in range(self.positions)],
+                "predicted_reached": self.predicted_reached[:], "predicted_accepted": self.predicted_accepted[:],
+                "predicted_sum": [round(x, 4) for x in self.predicted_sum]}
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a window of k candidates commits on average: 1 + α + … + α^k."""
-    if k <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for y, w in zip(ys, ws):
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for v, _, n in blocks:
+        out += [v] * int(n)
+    return out
+
+
+# ---- the choice ---------------------------------------------------------------------------------
+@dataclass
+class Offer:
+    """One window opening in this step: its drafted candidates' chances π_j (accepted | the ones before).
+    `padded`: the target pads a one-row chunk to two rows (row invariance), so its first candidate is free."""
+
+    request_id: int
+    chances: list[float]
+    padded: bool = False
+
+
+def survivals(chances: list[float]) -> list[float]:
+    """a_j = π_1 ··· π_j: the chance that candidate j is accepted (all before it were)."""
+    out, a = [], 1.0
+    for p in chances:
+        a *= p
+        out.append(a)
+    return out
 
 
 @dataclass
 class DraftPolicy:
-    """The adaptive policy's state: cost tables and acceptance counts (one per pipeline)."""
+    """The adaptive policy's state, one per pipeline: the target's costs, the calibration of the draft's
+    confidence and the pooled acceptance by position (greedy and sampled requests apart: they accept
+    differently)."""
 
-    prior_alpha: float = 0.6  # before any window closed
-    prior_weight: float = 4.0  # windows' worth of the pooled rate in each request's estimate
-    explore_every: int = 16  # every so many choices, the next count in turn (0: never)
+    prior_accept: float = 0.6  # P(accept | prefix passed) before any window closed
+    prior_weight: float = 8.0  # windows' worth of the pooled rate in each request's estimate
+    explore_every: int = 48  # every so many choices, verify everything (measures the larger row counts)
+    explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
+    draft_quantile: float = 0.9
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
+    draft_steps: int = 0
+    explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
     target: CostTable = field(default_factory=CostTable)
-    draft: CostTable = field(default_factory=CostTable)
-    pooled: _Rate = field(default_factory=_Rate)
-    rates: dict[int, _Rate] = field(default_factory=dict)
+    host: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # a step's host ms outside the inferences
+    drafting: deque[float] = field(default_factory=lambda: deque(maxlen=8))  # the draft stage's ms, steps that drafted
+    calibration: dict[bool, Calibration] = field(default_factory=dict)
+    pooled: dict[bool, PositionCounts] = field(default_factory=dict)
     choices: int = 0
 
     # ---- what happened ------------------------------------------------------------------------
-    def observe_target(self, rows: int, ms: float) -> None:
-        self.target.observe(rows, ms)
+    def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
+        """A step's target inference over `rows` rows, its draft stage (0: it drafted nothing), and what the
+        step spent besides its inferences."""
+        self.target.observe(rows, target_ms)
+        if host_ms >= 0:
+            self.host.append(host_ms)
+        if draft_ms > 0:
+            self.drafting.append(draft_ms)
 
-    def observe_draft(self, rows: int, ms: float) -> None:
-        """A draft call that drafted `rows` candidates in all."""
-        self.draft.observe(rows, ms)
-
-    def observe_window(self, request_id: int, offered: int, accepted: int) -> None:
-        """A closed window: `accepted` of its `offered` candidates were accepted, in order."""
-        if offered <= 0:
+    def observe_window(self, sampled: bool, verified: int, accepted: int, confidence: list[float] | None,
+                       predicted: list[float] | None = None) -> None:
+        """A closed window: `accepted` of its `verified` candidates accepted, in order."""
+        if verified <= 0:
             return
-        rejected = 1.0 if accepted < offered else 0.0
-        rate = self.rates.setdefault(request_id, _Rate())
-        for r in (rate, self.pooled):
-            r.accepted += accepted
-            r.rejected += rejected
+        self.pooled.setdefault(sampled, PositionCounts()).add(verified, accepted)
+        if confidence:
+            self._calibration(sampled).observe(confidence[:verified], accepted, predicted)
 
-    def forget(self, request_id: int) -> None:
-        self.rates.pop(request_id, None)
+    # ---- what to expect -----------------------------------------------------------------------
+    def chances(self, n: int, sampled: bool, confidence: list[float] | None, history: PositionCounts,
+                reproducible: bool = False) -> list[float]:
+        """π_1..π_n of a drafted window: calibrated confidences, else the request's acceptance by position.
+        `reproducible`: from the request's own figures only (the raw confidence; no pooled prior)."""
+        if confidence:
+            if reproducible:
+                return [min(max(float(c), 0.0), 0.999) for c in confidence[:n]]
+            cal = self._calibration(sampled)
+            return [cal(j, float(c)) for j, c in enumerate(confidence[:n])]
+        pooled = PositionCounts() if reproducible else self.pooled.get(sampled, PositionCounts())
+        out = []
+        for j in range(n):
+            prior = pooled.conditional(j, self.prior_accept, self.prior_weight)
+            out.append(min(history.conditional(j, prior, self.prior_weight), 0.999))
+        return out
 
-    def alpha(self, request_id: int) -> float:
-        """P(a candidate is accepted | the one before it was), this request's so far."""
-        p = self.pooled
-        prior = p.accepted / (p.accepted + p.rejected) if p.accepted + p.rejected > 0 else self.prior_alpha
-        r = self.rates.get(request_id, _Rate())
-        w = self.prior_weight
-        return (r.accepted + w * prior) / (r.accepted + r.rejected + w)
+    def _calibration(self, sampled: bool) -> Calibration:
+        cal = self.calibration.get(sampled)
+        if cal is None:
+            cal = self.calibration[sampled] = Calibration()
+        return cal
+
+    def host_ms(self) -> float:
+        return median(self.host) if self.host else 0.0
+
+    def fixed_ms(self, draft_ms: float) -> float:
+        """What a drafting step costs besides the target: the draft stage (the median of the last ones, so one
+        slow call does not swing the choice; this step's own before any) and the host."""
+        return (median(self.drafting) if self.drafting else draft_ms) + self.host_ms()
 
     # ---- the choice ---------------------------------------------------------------------------
-    def choose(self, opening: list[tuple[int, int]], fixed_rows: int, prefill_rows: int, budget: int) -> int:
-        """The candidate count for the windows opening this step.
+    def draft_cap(self) -> int | None:
+        """The most candidates this step's adaptive windows draft (None: each its full count)."""
+        if len(self.recent) < 16:
+            return None
+        self.draft_steps += 1
+        if self.explore_draft_every and self.draft_steps % self.explore_draft_every == 0:
+            return None
+        lengths = sorted(self.recent)
+        return 1 + lengths[int(self.draft_quantile * (len(lengths) - 1))]
 
-        opening: (request id, the most candidates it may draft) of every decoding request without a
-        window; fixed_rows: rows of windows still under validation; prefill_rows: prompt rows waiting
-        (they take what the budget leaves). The full count while the target's cost is unknown."""
-        top = max((n for _, n in opening), default=0)
-        if top <= 0 or not self.target.seen:
-            return top
+    def observe_choice(self, verified: int, drafted: int, capped: bool) -> None:
+        """A window the policy cut: `verified` of its `drafted` candidates; `capped`: it drafted fewer than its
+        request's count (then a window verified whole asks for one more)."""
+        self.recent.append(verified + int(capped and verified == drafted))
+
+    @staticmethod
+    def choose_reproducible(chances: list[float], padded: bool = False) -> int:
+        """A seeded sampled request's verify count: the same admission, alone, on fixed relative costs."""
+        return _admit([Offer(0, chances, padded)], 0, 0.0, lambda rows: REPRODUCIBLE_FIXED_COST + 1.0
+                      + REPRODUCIBLE_ROW_COST * rows)[0]
+
+    def choose(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> list[int]:
+        """Candidates to verify per offer (in order), for the most expected tokens per ms of the step.
+
+        fixed_rows: the step's other rows as the target runs them (prompt chunks, windows still under
+        validation or verified whole, a one-row chunk's padding row included);
+        fixed_tokens: the tokens they are expected to give; fixed_ms: what the step costs besides the target
+        (the draft call, the host). Each offer adds its anchor row and the target's own token. Everything
+        while the target's cost is unknown, and on every `explore_every`-th choice."""
+        if not offers:
+            return []
+        full = [len(o.chances) for o in offers]
+        self.explored = True
+        if not self.target.seen:
+            return full
         self.choices += 1
         if self.explore_every and self.choices % self.explore_every == 0:
-            return (self.choices // self.explore_every) % (top + 1)
-        alphas = [(self.alpha(rid), n) for rid, n in opening]
-        best_k, best = top, -1.0
-        for k in range(top + 1):
-            window_rows = sum(1 + min(k, n) for _, n in alphas)
-            rows = min(budget, fixed_rows + window_rows + prefill_rows)
-            ms = self.target.estimate(rows)
-            if k > 0:
-                ms += self.draft.estimate(sum(min(k, n) for _, n in alphas))
-            tokens = sum(expected_tokens(a, min(k, n)) for a, n in alphas) + (1.0 if fixed_rows else 0.0)
-            rate = tokens / ms if ms > 0 else float("inf")
-            if rate > best:  # an exact tie goes to fewer candidates
-                best_k, best = k, rate
-        return best_k
+            return full
+        self.explored = False
+        return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows))
 
 
-def make_policy(name: str) -> DraftPolicy | None:
-    """The policy state for the scheduler's `draft_policy` (None: always draft the full count)."""
-    if name == ALWAYS:
-        return None
-    if name == ADAPTIVE:
-        return DraftPolicy()
-    raise ValueError(f"draft_policy={name!r}: use one of {', '.join(POLICIES)}.")
+def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> list[int]:
+    """Greedy admission in order of survival, stopping at the first candidate that does not raise tokens / cost."""
+    items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
+                   key=lambda t: (-t[0], t[1], t[2]))
+    rows = fixed_rows + sum(2 if o.padded else 1 for o in offers)
+    tokens = fixed_tokens + len(offers)
+    ms = cost(rows)
+    verify = [0] * len(offers)
+    for a, j, i in items:
+        if j != verify[i]:  # an earlier position of this window was not admitted (ties only)
+            continue
+        more = 0 if j == 0 and offers[i].padded else 1
+        ms2 = cost(rows + more)
+        if ms2 <= 0 or (tokens + a) * ms <= tokens * ms2:  # no gain: stop at the first that does not pay
+            break
+        verify[i] += 1
+        rows, tokens, ms = rows + more, tokens + a, ms2
+    return verify
+
+
+def make_policy(name: str | None = None) -> DraftPolicy:
+    """The policy state a pipeline keeps (costs, calibration), whichever policy its requests use."""
+    if name is not None:
+        check_policy(name)
+    return DraftPolicy()

@@ -55,6 +55,9 @@ class StepEvent:
     # the window's candidates that were validated, and how many of them the target accepted.
     window_drafted: list[int] | None = None
     window_accepted: int = 0
+    # Candidates the draft proposed for the window this step validates (the draft policy may verify fewer:
+    # docs/batching.md); 0 on steps that validate no window.
+    window_proposed: int = 0
 
     @property
     def text(self) -> str:

@@ -1,9 +1,66 @@
-"""Per-request metrics: TTFT, TPOT, tokens per step, acceptance by block position, step timings."""
+"""Per-request metrics: TTFT, TPOT, tokens per step, acceptance by block position, step timings.
+
+Acceptance by position is counted in one place, `PositionCounts`: the request's figures, the app's
+live plot and the draft policy's per-request history all read the same counter.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.events import StepEvent
+
+
+@dataclass
+class PositionCounts:
+    """Per position of a validation window (0 = the first candidate), over closed windows: how many
+    windows the target verified that far (`verified`), how many of those reached the position with
+    every candidate before it accepted (`reached`), and how many accepted it (`accepted`).
+
+    accepted / verified is the share of windows whose position i was accepted (what the app plots);
+    accepted / reached is the chance of acceptance there given the prefix passed (what the draft
+    policy predicts). The first rejected position is reached but not accepted; positions after it
+    are verified but not reached."""
+
+    verified: list[int] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, verified: int, accepted: int) -> None:
+        """One closed window: `verified` candidates checked, the first `accepted` of them accepted."""
+        if verified <= 0:
+            return
+        while len(self.verified) < verified:
+            self.verified.append(0)
+            self.reached.append(0)
+            self.accepted.append(0)
+        for i in range(verified):
+            self.verified[i] += 1
+            self.reached[i] += int(i <= accepted)
+            self.accepted[i] += int(i < accepted)
+
+    def add_counts(self, other: "PositionCounts") -> None:
+        for i in range(len(other.verified)):
+            if i >= len(self.verified):
+                self.verified.append(0)
+                self.reached.append(0)
+                self.accepted.append(0)
+            self.verified[i] += other.verified[i]
+            self.reached[i] += other.reached[i]
+            self.accepted[i] += other.accepted[i]
+
+    def __len__(self) -> int:
+        return len(self.verified)
+
+    @property
+    def acceptance(self) -> list[float]:
+        """Per position: the share of windows verified that far whose candidate there was accepted."""
+        return [a / v if v else 0.0 for a, v in zip(self.accepted, self.verified)]
+
+    def conditional(self, i: int, prior: float, weight: float) -> float:
+        """P(position i accepted | every candidate before it was), from a prior worth `weight` windows."""
+        if i >= len(self.reached):
+            return prior
+        return (self.accepted[i] + weight * prior) / (self.reached[i] + weight)
 
 
 @dataclass
@@ -19,10 +76,10 @@ class RequestMetrics:
     target_steps: int = 0  # verification/decode steps after the prefill
     decode_tokens: int = 0  # tokens those steps committed
     decode_produced: int = 0  # tokens those steps produced, a final EOS included (tokens per step)
-    drafted_total: int = 0
+    drafted_total: int = 0  # candidates the draft proposed, over all windows
+    verified_total: int = 0  # of them, the ones the target checked (the draft policy may check fewer)
     accepted_total: int = 0
-    position_drafted: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
+    positions: PositionCounts = field(default_factory=PositionCounts)
     draft_step_ms: list[float] = field(default_factory=list)
     draft_model_ms: list[float] = field(default_factory=list)
     markov_head_ms: list[float] = field(default_factory=list)
@@ -42,16 +99,12 @@ class RequestMetrics:
         self.decode_tokens += len(event.tokens)
         self.decode_produced += event.produced
         if event.window_drafted is not None:  # a window counts once, over all steps that validated it
-            window = event.window_drafted
+            verified = len(event.window_drafted)
             self.windows += 1
-            self.drafted_total += len(window)
+            self.drafted_total += max(event.window_proposed, verified)
+            self.verified_total += verified
             self.accepted_total += event.window_accepted
-            for i in range(len(window)):
-                if i >= len(self.position_drafted):
-                    self.position_drafted.append(0)
-                    self.position_accepted.append(0)
-                self.position_drafted[i] += 1
-                self.position_accepted[i] += int(i < event.window_accepted)
+            self.positions.add(verified, event.window_accepted)
         self.draft_step_ms.append(t.draft_step_ms)
         self.draft_model_ms.append(t.draft_model_ms)
         self.markov_head_ms.append(t.markov_head_ms)
@@ -74,11 +127,25 @@ class RequestMetrics:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_total / self.drafted_total if self.drafted_total else 0.0
+        """Accepted / verified candidates (what the target checked; the policy's unchecked ones are not counted)."""
+        return self.accepted_total / self.verified_total if self.verified_total else 0.0
+
+    @property
+    def mean_verified(self) -> float:
+        """Candidates the target checked per window."""
+        return self.verified_total / self.windows if self.windows else 0.0
+
+    @property
+    def position_verified(self) -> list[int]:
+        return self.positions.verified
+
+    @property
+    def position_accepted(self) -> list[int]:
+        return self.positions.accepted
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
+        return self.positions.acceptance
 
     def as_dict(self) -> dict[str, object]:
         def mean(xs: list[float]) -> float:
@@ -90,7 +157,8 @@ class RequestMetrics:
             "ttft_ms": round(self.ttft_ms, 3), "tpot_ms": round(self.tpot_ms, 3),
             "decode_tok_s": round(self.decode_tok_s, 2), "target_steps": self.target_steps,
             "tokens_per_step": round(self.tokens_per_step, 4),
-            "drafted": self.drafted_total, "accepted": self.accepted_total,
+            "drafted": self.drafted_total, "verified": self.verified_total, "accepted": self.accepted_total,
+            "mean_verified": round(self.mean_verified, 3),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
             "draft_step_ms": round(mean(self.draft_step_ms), 3),

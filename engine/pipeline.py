@@ -23,7 +23,7 @@ from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.events import GenerationResult, StepEvent, StepTimings
-from engine.draft_policy import make_policy
+from engine.draft_policy import ADAPTIVE, Offer, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -70,7 +70,8 @@ class _Request:
     metrics: RequestMetrics
     t_added: float
     generated: list[int] = field(default_factory=list)
-    cap: int | None = None  # the draft policy's candidate count for the next window (None: num_candidates)
+    policy: str = ADAPTIVE  # how much of a drafted window the target verifies (engine/draft_policy.py)
+    cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -81,6 +82,8 @@ class _Request:
     window_pos: int = 0  # rows of the window validated so far
     window_accepted: int = 0
     window_steps: int = 0
+    window_proposed: int = 0  # candidates the draft proposed for the window (the policy may verify fewer)
+    window_chances: list[float] | None = None  # the policy's P(accepted | the ones before) per verified candidate
     proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
     confidence: list[float] | None = None
     context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
@@ -121,6 +124,11 @@ class _Request:
         """Candidates the next window can hold without running past max_new_tokens (nor the policy's cap)."""
         n = self.num_candidates if self.cap is None else min(self.num_candidates, self.cap)
         return max(0, min(n, self.config.max_new_tokens - len(self.generated) - 1))
+
+    @property
+    def reproducible(self) -> bool:
+        """A seeded sampled request: its text must not depend on timings nor on the batch."""
+        return self.config.do_sample and self.config.rng_seed is not None
 
     def rows_wanted(self) -> int:
         if not self.decoding:
@@ -292,13 +300,14 @@ class SpeculativePipeline:
         ids, spans, text = self._encode(prompt, chat)
         if not ids:
             raise ValueError("The prompt is empty: type something to send.")
-        n, top_k = self._draft_settings(config)
+        policy = config.draft_policy or self.scheduler.draft_policy
+        n, top_k = self._draft_settings(config, policy)
         self.check_fits(len(ids), config.max_new_tokens, n)
         rid = self._next_id
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
-                       time.perf_counter(), prompt_text=text, spans=spans)
+                       time.perf_counter(), policy=policy, prompt_text=text, spans=spans)
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -310,12 +319,14 @@ class SpeculativePipeline:
         self._waiting.append(req)
         return rid
 
-    def _draft_settings(self, config: GenerationConfig) -> tuple[int, int]:
-        """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit."""
+    def _draft_settings(self, config: GenerationConfig, policy: str) -> tuple[int, int]:
+        """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit.
+        Unless the request says, the adaptive policy drafts a full block (it verifies only what pays) and
+        `always` the draft's tuned count (every candidate is verified)."""
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or info.default_candidates
+        n = config.num_assistant_tokens or (info.max_candidates if policy == ADAPTIVE else info.default_candidates)
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")
@@ -408,6 +419,9 @@ class SpeculativePipeline:
             return events
         timings = StepTimings()
         drafted_now = self._draft(plan, timings, stats)
+        if drafted_now and self.policy is not None:
+            self._choose_windows(plan, drafted_now, timings.draft_step_ms)
+        plan = [(r, min(rows, len(r.window) - r.window_pos) if r.decoding else rows) for r, rows in plan]
         chunks = []
         for req, rows in plan:
             if req.decoding:
@@ -423,11 +437,6 @@ class SpeculativePipeline:
         timings.target_ms = (time.perf_counter() - t1) * 1e3
         stats.requests = [r.id for r, _ in plan]
         stats.tokens = sum(rows for _, rows in plan)
-        if self.policy is not None:
-            self.policy.observe_target(stats.tokens, timings.target_ms)
-            if drafted_now:
-                self.policy.observe_draft(sum(len(r.window) - 1 for r, _ in plan if r.id in drafted_now),
-                                          timings.draft_step_ms)
         for i, (req, rows) in enumerate(plan):
             own = StepTimings(target_ms=timings.target_ms)
             if req.id in drafted_now:
@@ -444,20 +453,60 @@ class SpeculativePipeline:
             if event is not None:
                 event.timings.total_ms = (time.perf_counter() - t0) * 1e3
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
+        if self.policy is not None:
+            host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
+            rows = sum(self._target_rows(len(c.ids)) for c in chunks)
+            self.policy.observe_step(rows, timings.target_ms, host_ms, timings.draft_step_ms)
         return events
 
+    def _target_rows(self, rows: int) -> int:
+        """The rows the target runs for a chunk of `rows` (a one-row chunk gets a padding row: row invariance)."""
+        return rows + int(rows == 1 and getattr(self.target, "pad_single_rows", False))
+
     def _cap_candidates(self) -> None:
-        """The adaptive draft policy's candidate count for every window that may open this step."""
-        live = self._running[: self.scheduler.max_num_seqs]
-        opening = [r for r in live if r.decoding and r.window is None]
+        """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
+        opening = [r for r in self._running[: self.scheduler.max_num_seqs]
+                   if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
+        cap = self.policy.draft_cap() if opening else None
         for r in opening:
-            r.cap = None
-        fixed = sum(r.rows_wanted() for r in live if r.decoding and r.window is not None)
-        prefill = sum(r.rows_wanted() for r in live if not r.decoding)
-        k = self.policy.choose([(r.id, r.next_candidates()) for r in opening], fixed, prefill,
-                               self.scheduler.max_num_batched_tokens)
-        for r in opening:
-            r.cap = k
+            r.cap = cap
+
+    def _choose_windows(self, plan: list[tuple[_Request, int]], drafted_now: set[int], draft_ms: float) -> None:
+        """How far the target verifies each window drafted in this step (engine/draft_policy.py): the
+        adaptive requests' windows are cut to the candidates that pay for their rows, before the verify call
+        and from what is known before it (the candidates' confidences or the request's acceptance so far)."""
+        offers: list[tuple[_Request, Offer]] = []
+        fixed_rows, fixed_tokens = 0, 0.0
+        padded = self._target_rows(1) == 2
+        for req, rows in plan:
+            if req.id not in drafted_now:
+                fixed_rows += self._target_rows(rows)
+                fixed_tokens += 1.0 if req.decoding else 0.0
+                continue
+            n = len(req.window) - 1
+            seeded = req.reproducible
+            chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions, seeded)
+            req.window_chances = chances
+            if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
+                m = self.policy.choose_reproducible(chances, padded)
+                req.window, req.proposals = req.window[: m + 1], req.proposals[:m]
+                fixed_rows += self._target_rows(min(rows, m + 1))
+                fixed_tokens += 1.0 + sum(survivals(chances[:m]))
+            elif req.policy == ADAPTIVE:
+                offers.append((req, Offer(req.id, chances, padded)))
+            else:
+                fixed_rows += self._target_rows(rows)
+                fixed_tokens += 1.0 + sum(survivals(chances[: rows - 1]))
+        if not offers:
+            return
+        fixed_ms = self.policy.fixed_ms(draft_ms)
+        verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
+        for (req, offer), m in zip(offers, verify):
+            if not self.policy.explored:
+                capped = req.cap is not None and len(offer.chances) == req.cap < req.num_candidates
+                self.policy.observe_choice(m, len(offer.chances), capped)
+            req.window = req.window[: m + 1]
+            req.proposals = req.proposals[:m]
 
     def _reserve(self, plan: list[tuple[_Request, int]], stats: StepStats) -> list[tuple[_Request, int]]:
         """Grow every planned request's KV blocks, oldest first, preempting the newest when they run out."""
@@ -560,7 +609,7 @@ class SpeculativePipeline:
                 continue
             n = req.next_candidates() if self.drafts is not None else 0
             req.window, req.window_pos, req.window_accepted, req.window_steps = [req.anchor], 0, 0, 0
-            req.proposals, req.confidence = [], None
+            req.proposals, req.confidence, req.window_proposed, req.window_chances = [], None, 0, None
             if n == 0:
                 continue
             context = np.concatenate(req.context) if req.context else np.zeros((0, self.drafts.info.context_width),
@@ -581,6 +630,7 @@ class SpeculativePipeline:
         for req, d in zip(owners, got):
             req.window = [req.anchor] + d.tokens
             req.proposals, req.confidence = d.proposals, d.confidence
+            req.window_proposed = len(d.tokens)
             if self.cache is not None and hasattr(self.drafts, "export"):
                 self._keep_draft_kv(req)
         stats.draft_batch = len(jobs)
@@ -642,13 +692,17 @@ class SpeculativePipeline:
         confidence = req.confidence[pos: pos + len(seg)] if req.confidence else None
         event = self._commit(req, seg, tokens, acc, timings, logprobs)
         event.confidence = confidence
+        event.window_proposed = req.window_proposed
         if done or event.finished:
-            if len(window) > 1:
+            if len(window) > 1 or req.window_proposed:  # a window the policy verified none of counts too
                 event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
                 event.window_accepted = req.window_accepted
                 req.metrics.split_windows += int(req.window_steps > 1)
                 if done and self.policy is not None:
-                    self.policy.observe_window(req.id, len(window) - 1, req.window_accepted)
+                    verified = len(window) - 1
+                    self.policy.observe_window(req.config.do_sample, verified, req.window_accepted,
+                                               req.confidence[:verified] if req.confidence else None,
+                                               req.window_chances[:verified] if req.window_chances else None)
             req.window = None
         return event
 
@@ -698,8 +752,6 @@ class SpeculativePipeline:
 
     def _finish(self, req: _Request, event: StepEvent) -> StepEvent:
         req.finish_reason = event.finish_reason
-        if self.policy is not None:
-            self.policy.forget(req.id)
         self._record(req, event)
         self.target.blocks.release(req.id)
         if self.drafts is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.draft_policy import POLICIES
+from engine.draft_policy import DEFAULT_POLICY, check_policy
 
 
 @dataclass
@@ -24,7 +24,7 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # requests running at once; the rest wait in the queue
     num_kv_blocks: int | None = None  # KV cache size in blocks; None: from cache_size_mb
     cache_size_mb: int = 512  # KV cache size when num_kv_blocks is None
-    draft_policy: str = "always"  # candidates per window: "always" the full count, "adaptive" (engine/draft_policy.py)
+    draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "adaptive" what pays, "always" all
     prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
     prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
 
@@ -40,9 +40,7 @@ class SchedulerConfig:
                              "size the cache by cache_size_mb.")
         if not isinstance(self.cache_size_mb, int) or self.cache_size_mb < 1:
             raise ValueError(f"cache_size_mb={self.cache_size_mb!r}: use an integer >= 1 (megabytes of KV cache).")
-        if self.draft_policy not in POLICIES:
-            raise ValueError(f"draft_policy={self.draft_policy!r}: use one of {', '.join(POLICIES)} (\"adaptive\" "
-                             "drafts fewer candidates when many requests make the target's rows dear).")
+        check_policy(self.draft_policy)
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching={self.prefix_caching!r}: use True or False.")
         if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:

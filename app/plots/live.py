@@ -1,4 +1,9 @@
-"""Three live plots: tokens per step over time, acceptance by block position, draft vs target ms.
+"""Three live plots: per step drafted / verified / accepted candidates (and tokens per step), acceptance
+by block position, draft vs target ms.
+
+Acceptance by position is engine.metrics.RequestMetrics' own counter (the figure under the reply);
+the per-step marks show what the draft policy did: the candidates the draft proposed, how many of
+them the target verified (the adaptive policy verifies only what pays), how many it accepted.
 
 `add_events()` only appends numbers to growing numpy buffers (cheap, called for every batch the
 worker sends); a GUI-thread timer at 25 Hz redraws when something changed. Plot items are made
@@ -23,6 +28,11 @@ DRAW_SHARE = 0.2  # drawing may use at most ~this share of the GUI thread
 DRAFT_COLOR = "#2e9d4a"
 TARGET_COLOR = "#3b6fd8"
 MEAN_COLOR = "#d97706"
+PROPOSED_COLOR = "#9ca3af"
+TOKENS_TITLE = (f"Per step: <span style='color:{PROPOSED_COLOR}'>drafted</span> · "
+                f"<span style='color:{TARGET_COLOR}'>verified</span> · "
+                f"<span style='color:{DRAFT_COLOR}'>accepted</span> "
+                f"(<span style='color:{MEAN_COLOR}'>tokens, mean of 16</span>)")
 ACCEPT_TITLE = "Acceptance by block position"
 ACCEPT_CONF_TITLE = "Acceptance · <span style='color:#d97706'>draft confidence</span>"
 
@@ -65,11 +75,12 @@ class LivePlots(QWidget):
         pg.setConfigOptions(antialias=False)
         self.steps = GrowBuffer()  # verification step number
         self.tokens = GrowBuffer()  # tokens committed by that step
+        self.proposed = GrowBuffer()  # candidates the draft proposed for the window the step validated
+        self.verified = GrowBuffer()  # of them, validated by the target in this step
+        self.accepted = GrowBuffer()  # of those, accepted
         self.draft_ms = GrowBuffer()
         self.target_ms = GrowBuffer()
-        self.metrics = RequestMetrics()  # the same count as the figure under the reply
-        self.reached = np.zeros(0, dtype=np.int64)  # per block position: steps that drafted a token there
-        self.hits = np.zeros(0, dtype=np.int64)  # ... and had it accepted (the engine's measure)
+        self.metrics = RequestMetrics()  # the same count as the figure under the reply (acceptance by position too)
         self.conf_sum = np.zeros(0, dtype=np.float64)  # per block position: the draft's confidence, summed
         self.conf_n = np.zeros(0, dtype=np.int64)  # (drafts with a confidence head only)
         self._has_conf = False
@@ -91,9 +102,11 @@ class LivePlots(QWidget):
         row.setSpacing(6)
         lay.addLayout(row, 1)
 
-        self.p_tokens = self._plot(f"<span style='color:{TARGET_COLOR}'>Tokens per step</span> "
-                                   f"(<span style='color:{MEAN_COLOR}'>mean of 16</span>)", "target step", "tokens")
-        self.c_tokens = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1), name="this step")
+        self.p_tokens = self._plot(TOKENS_TITLE, "target step", "candidates / tokens")
+        self.c_proposed = self.p_tokens.plot([], [], pen=pg.mkPen(PROPOSED_COLOR, width=1), name="drafted")
+        self.c_verified = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1), name="verified")
+        self.c_accepted = self.p_tokens.plot([], [], pen=None, symbol="o", symbolSize=3, symbolBrush=DRAFT_COLOR,
+                                             symbolPen=None, name="accepted")
         self.c_mean = self.p_tokens.plot([], [], pen=pg.mkPen(MEAN_COLOR, width=1), name="mean of last 16")
         self.p_tokens.setYRange(0, 4, padding=0.05)
         self._ytop = 4.0
@@ -155,11 +168,10 @@ class LivePlots(QWidget):
         return 10.0 * k
 
     def reset(self) -> None:
-        for b in (self.steps, self.tokens, self.draft_ms, self.target_ms):
+        for b in (self.steps, self.tokens, self.proposed, self.verified, self.accepted, self.draft_ms,
+                  self.target_ms):
             b.clear()
         self.metrics = RequestMetrics()
-        self.reached = np.zeros(0, dtype=np.int64)
-        self.hits = np.zeros(0, dtype=np.int64)
         self.conf_sum = np.zeros(0, dtype=np.float64)
         self.conf_n = np.zeros(0, dtype=np.int64)
         if self._has_conf:
@@ -180,18 +192,14 @@ class LivePlots(QWidget):
                 continue
             self.steps.append(ev.step)
             self.tokens.append(ev.produced)
+            k = len(ev.drafted)
+            self.proposed.append(float(max(getattr(ev, "window_proposed", 0) or 0, k)))
+            self.verified.append(float(k))
+            self.accepted.append(float(min(ev.accepted, k)))
             t = ev.timings
             self.draft_ms.append(float(t.draft_step_ms))
             self.target_ms.append(float(t.target_ms))
-            k = len(ev.drafted)
             if k:
-                if k > len(self.reached):
-                    grow = k - len(self.reached)
-                    self.reached = np.concatenate([self.reached, np.zeros(grow, dtype=np.int64)])
-                    self.hits = np.concatenate([self.hits, np.zeros(grow, dtype=np.int64)])
-                # Same measure as engine.metrics: accepted at position i / drafted at position i.
-                self.reached[:k] += 1
-                self.hits[: min(ev.accepted, k)] += 1
                 conf = getattr(ev, "confidence", None)
                 if conf:
                     c = np.asarray(conf[:k], dtype=np.float64)
@@ -230,9 +238,8 @@ class LivePlots(QWidget):
         super().hideEvent(e)
 
     def acceptance_percent(self) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pct = np.where(self.reached > 0, 100.0 * self.hits / np.maximum(self.reached, 1), 0.0)
-        return pct
+        """Per block position: % of the windows verified that far whose candidate there was accepted."""
+        return 100.0 * np.asarray(self.metrics.acceptance_by_position, dtype=np.float64)
 
     def confidence_percent(self) -> np.ndarray:
         """Mean draft confidence per block position, in % (empty without a confidence head)."""
@@ -262,14 +269,16 @@ class LivePlots(QWidget):
         self.redraws += 1
         x = self.steps.view()
         y = self.tokens.view()
-        self.c_tokens.setData(x, y, skipFiniteCheck=True)
+        self.c_proposed.setData(x, self.proposed.view(), skipFiniteCheck=True)
+        self.c_verified.setData(x, self.verified.view(), skipFiniteCheck=True)
+        self.c_accepted.setData(x, self.accepted.view(), skipFiniteCheck=True)
         if len(y):
             w = 16
             c = np.cumsum(np.insert(y, 0, 0.0))
             lo = np.maximum(np.arange(1, len(y) + 1) - w, 0)
             mean = (c[1:] - c[lo]) / (np.arange(1, len(y) + 1) - lo)
             self.c_mean.setData(x, mean, skipFiniteCheck=True)
-            top = max(4.0, float(y.max()) + 0.5)
+            top = max(4.0, float(y.max()) + 0.5, float(self.proposed.view().max()) + 0.5)
             if top != self._ytop:  # ranges change rarely: re-laying out an axis is not free
                 self._ytop = top
                 self.p_tokens.setYRange(0, top, padding=0.05)
@@ -294,7 +303,7 @@ class LivePlots(QWidget):
             self.no_draft_text.setPos((span + 1) / 2.0, 50.0)
         if len(y) and not len(pct):
             hint = "No draft: nothing to accept"
-        elif len(pct) and not self.hits.any():
+        elif len(pct) and not any(self.metrics.position_accepted):
             hint = "No draft token accepted yet (0% at every position)"
         else:
             hint = ""
@@ -316,9 +325,12 @@ class LivePlots(QWidget):
             self._ms_top = ms_top
             self.p_time.setYRange(0, ms_top, padding=0.02)
         if len(y):
-            drafted = int(self.reached[0]) if len(self.reached) else 0
+            m = self.metrics
+            drafted = m.windows > 0
+            verify = (f" · verified {m.mean_verified:.1f} of {m.drafted_total / m.windows:.1f} drafted per window"
+                      if drafted else "")
             self.summary.setText(
-                f"{self.metrics.target_steps} verification steps · {self.metrics.tokens_per_step:.2f} tokens per step · "
+                f"{m.target_steps} verification steps · {m.tokens_per_step:.2f} tokens per step{verify} · "
                 f"draft {self.draft_ms.view().mean():.1f} ms, target {self.target_ms.view().mean():.1f} ms "
                 f"per step (mean)" + ("" if drafted else " · no draft: one token per step")
             )

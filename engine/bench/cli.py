@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engine.bench.reliability import check_reliability_path, write_reliability
 from engine.bench.report import print_report, write_reports
 from engine.bench.spec import SCHEDULER_FIELDS, BenchSpec, Decoding
 from engine.catalog import resolve_models
 from engine.console import progress_printer
-from engine.draft_policy import ALWAYS, POLICIES
+from engine.draft_policy import DEFAULT_POLICY, POLICIES
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -21,8 +22,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=4, help="number of prompts (0: the whole set)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-assistant-tokens", type=int, nargs="+", default=[None], metavar="N",
-                   help="candidates per step, one row each (default: the draft's own: its config's "
-                        "num_assistant_tokens, else a full block: 7 for an 8-row DFlash v1 block, 8 for DSpark)")
+                   help="candidates the draft proposes per window, one row each (default: under 'adaptive' a full "
+                        "block: 7 for an 8-row DFlash v1 block, 8 for DSpark; under 'always' the draft's own count, "
+                        "its config's num_assistant_tokens)")
     p.add_argument("--markov-head-top-k", type=int, nargs="+", default=[None], metavar="K",
                    help="drafts with a Markov head: K of the Top-K scorer, one row each (0 = dense walk, DSpark)")
     p.add_argument("--temperature", type=float, nargs="+", default=[], metavar="T",
@@ -54,9 +56,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, metavar="B", help="scheduler: KV cache size in blocks")
     p.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
-    p.add_argument("--draft-policy", nargs="+", default=[ALWAYS], choices=list(POLICIES), metavar="P",
-                   help="candidates per window: 'always' the full count, 'adaptive' fewer when the step's rows "
-                        "cost more than they save (engine/draft_policy.py); several: each draft row under each")
+    p.add_argument("--draft-policy", nargs="+", default=[DEFAULT_POLICY], choices=list(POLICIES), metavar="P",
+                   help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
+                        "that pay for their rows, from the draft's calibrated confidence and the measured cost of "
+                        "rows; 'always' every one (engine/draft_policy.py); several: each draft row under each")
+    p.add_argument("--reliability", metavar="FILE.svg", default=None,
+                   help="write the draft's confidence against observed acceptance (per position, and after the "
+                        "adaptive policy's calibration) as an SVG plot, and its data as FILE.json beside it")
 
 
 def scheduler_options(args: argparse.Namespace) -> dict[str, int | None]:
@@ -78,15 +84,19 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
                      genai_dflash=not (args.no_genai or args.no_genai_dflash),
                      concurrency=list(args.concurrency) if getattr(args, "concurrency", None) else None,
                      scheduler=scheduler_options(args),
-                     draft_policies=list(getattr(args, "draft_policy", None) or [ALWAYS]),
+                     draft_policies=list(getattr(args, "draft_policy", None) or [DEFAULT_POLICY]),
                      turns=args.turns, prefix_caching=[x == "on" for x in dict.fromkeys(args.prefix_caching)])
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if getattr(args, "reliability", None):
+        check_reliability_path(Path(args.reliability))
     from engine.bench.runner import run_bench  # the runtime (openvino_genai): not needed to build the parser
 
     res = run_bench(spec_from_args(args), progress=progress_printer())
     if args.out:
         write_reports(res, Path(args.out))
+    if getattr(args, "reliability", None):
+        write_reliability(res, Path(args.reliability))
     print_report(res, args.json)
     return 0

@@ -103,7 +103,8 @@ class LLMRunner:
         # steps x num_assistant_tokens (a step near max_new_tokens may draft fewer).
         drafted = steps * self.num_assistant_tokens if self.base.draft is not None else 0
         return RequestRun(pid, tokens, self.base.tokenizer.decode(tokens, skip_special_tokens=True), ttft, wall,
-                          steps, produced, drafted if accepted else 0, accepted)
+                          steps, produced, drafted if accepted else 0, accepted,
+                          verified=drafted if accepted else 0, windows=steps if accepted else 0)
 
 
 class CBPeer:

@@ -11,7 +11,10 @@ Two layouts read the same rows:
   the speedup is the aggregate tok/s over this engine's target alone's at the same N and decoding.
 
 Both: tokens per step = tokens the request's target steps produced (a final EOS included) / those
-steps; the draft and target timings are per target step, the step's one shared inference each.
+steps; num_assistant_tokens is the count the draft proposes per window, "verified" the mean count
+the target checked (the adaptive draft policy checks fewer where they do not pay), acceptance =
+accepted / verified; the draft and target timings are per target step, the step's one shared
+inference each.
 """
 from __future__ import annotations
 
@@ -40,9 +43,11 @@ class RequestRun:
     e2e_ms: float  # add_request -> end of the step that finished it
     target_steps: int = 0  # decode steps after the prefill
     produced: int = 0  # tokens those steps produced, a final EOS included
-    drafted: int = 0
+    drafted: int = 0  # candidates the draft proposed
     accepted: int = 0
     preemptions: int = 0
+    verified: int = 0  # candidates the target checked
+    windows: int = 0  # validation windows closed
     draft_step_ms: float = 0.0  # sums over the request's steps (of the step's shared inferences, when batched)
     draft_model_ms: float = 0.0
     markov_head_ms: float = 0.0
@@ -158,6 +163,16 @@ class Row:
         return sum(r.accepted for r in self.requests)
 
     @property
+    def verified(self) -> int:
+        return sum(r.verified for r in self.requests)
+
+    @property
+    def mean_verified(self) -> float | None:
+        """Candidates the target checked per window (None without windows)."""
+        windows = sum(r.windows for r in self.requests)
+        return self.verified / windows if windows else None
+
+    @property
     def draft_model_ms(self) -> float:
         return self._sum("draft_model_ms")
 
@@ -199,7 +214,8 @@ class Row:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        """Accepted / verified candidates."""
+        return self.accepted / self.verified if self.verified else None
 
     def _per_step(self, name: str) -> float:
         return round(self._sum(name) / max(self.target_steps, 1), 3)
@@ -208,12 +224,14 @@ class Row:
         """The row's JSON object (and CSV columns) in its layout."""
         rate = self.acceptance_rate
         acceptance = None if rate is None else round(rate, 4)
+        verified = None if self.mean_verified is None else round(self.mean_verified, 3)
         target_ms = self._per_step("target_ms") if self.engine == ENGINE else None
         if self.per_prompt:
             conf_n = sum(r.confidence_n for r in self.requests)
             return {
                 "config": self.config, "engine": self.engine, "target": self.target, "draft": self.draft,
                 "variant": self.variant, "dataset": self.dataset, "num_assistant_tokens": self.num_assistant_tokens,
+                "mean_verified": verified,
                 "markov_head_top_k": self.markov_head_top_k, "decoding": self.decoding, "prompts": self.prompts,
                 "tokens": self.tokens, "target_steps": self.target_steps,
                 "tokens_per_step": round(self.tokens_per_step, 3), "tpot_ms": round(self.tpot_ms, 3),
@@ -231,7 +249,8 @@ class Row:
         return {
             "config": self.config, "engine": self.engine, "target": self.target, "draft": self.draft,
             "variant": self.variant, "dataset": self.dataset, "concurrency": self.concurrency,
-            "num_assistant_tokens": self.num_assistant_tokens, "markov_head_top_k": self.markov_head_top_k,
+            "num_assistant_tokens": self.num_assistant_tokens, "mean_verified": verified,
+            "markov_head_top_k": self.markov_head_top_k,
             "decoding": self.decoding, "prompts": self.prompts, "tokens": self.tokens,
             "wall_ms": round(self.wall_ms, 2), "tok_s": round(self.tok_s, 2), "speedup": round(self.speedup, 3),
             "vs_genai_cb": None if self.vs_genai_cb is None else round(self.vs_genai_cb, 3),
@@ -263,6 +282,9 @@ class BenchResult:
     prompts_done: int = 0
     prompts_planned: int = 0
     per_level: bool = False  # the rows are per level of concurrency (--concurrency)
+    # per configuration with a confidence head: "greedy" / "sampled" -> the adaptive policy's calibration counts
+    # (engine.draft_policy.Calibration.reliability; engine/bench/reliability.py plots them)
+    reliability: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"machine": self.machine, "settings": self.settings, "notes": self.notes,
@@ -270,6 +292,8 @@ class BenchResult:
         if not self.per_level:
             out["prompts_done"] = self.prompts_done
         out["rows"] = [r.as_dict() for r in self.rows]
+        if self.reliability:
+            out["reliability"] = self.reliability
         return out
 
     def header_lines(self) -> list[str]:
@@ -304,12 +328,12 @@ class BenchResult:
 
 
 # ---- tables -----------------------------------------------------------------------------------
-PROMPT_COLUMNS = ("config", "draft", "variant", "target", "dataset", "num_assistant_tokens", "markov_head_top_k",
-                  "decoding", "tokens per step", "speedup", "tok/s", "TPOT ms", "TTFT ms", "matches target",
+PROMPT_COLUMNS = ("config", "draft", "variant", "target", "dataset", "num_assistant_tokens", "verified",
+                  "markov_head_top_k", "decoding", "tokens per step", "speedup", "tok/s", "TPOT ms", "TTFT ms", "matches target",
                   "acceptance", "draft step ms", "backbone ms", "head ms", "sampling ms")
 LEVEL_COLUMNS = ("config", "concurrency", "decoding", "prompts", "tokens", "wall s", "aggregate tok/s",
                  "vs target alone", "vs genai CB", "TPOT ms mean", "TPOT p50", "TPOT p90", "TTFT ms mean",
-                 "TTFT p50", "TTFT p90", "tokens per step", "tokens per pipeline step", "requests per step",
+                 "TTFT p50", "TTFT p90", "tokens per step", "verified", "tokens per pipeline step", "requests per step",
                  "step ms", "target ms", "draft ms", "matches target", "acceptance", "preemptions")
 
 
@@ -321,10 +345,14 @@ def _acceptance(d: dict[str, object]) -> str:
     return "-" if d["acceptance_rate"] is None else f"{100 * d['acceptance_rate']:.0f}%"
 
 
+def _verified(d: dict[str, object]) -> str:
+    return "-" if d.get("mean_verified") is None else f"{d['mean_verified']:.2f}"
+
+
 def _prompt_line(d: dict) -> str:
     k = "-" if d["markov_head_top_k"] is None else str(d["markov_head_top_k"])
     return (f"| {d['config']} | {d['draft'] or '-'} | {d['variant'] or '-'} | {d['target']} | {d['dataset']} | "
-            f"{d['num_assistant_tokens'] or '-'} | {k} | {d['decoding']} | {d['tokens_per_step']:.2f} | "
+            f"{d['num_assistant_tokens'] or '-'} | {_verified(d)} | {k} | {d['decoding']} | {d['tokens_per_step']:.2f} | "
             f"{d['speedup']:.2f}x | {d['tok_s']:.1f} | {d['tpot_ms']:.2f} | {d['ttft_ms']:.1f} | "
             f"{_matches(d)} | {_acceptance(d)} | {d['draft_step_ms']:.2f} | {d['draft_model_ms']:.2f} | "
             f"{d['markov_head_ms']:.2f} | {d['sampling_ms']:.2f} |")
@@ -336,7 +364,7 @@ def _level_line(d: dict) -> str:
     return (f"| {d['config']} | {d['concurrency']} | {d['decoding']} | {d['prompts']} | {d['tokens']} | "
             f"{d['wall_ms'] / 1e3:.2f} | {d['tok_s']:.1f} | {d['speedup']:.2f}x | {vs} | "
             f"{d['tpot_ms']:.2f} | {d['tpot_p50_ms']:.2f} | {d['tpot_p90_ms']:.2f} | {d['ttft_ms']:.1f} | "
-            f"{d['ttft_p50_ms']:.1f} | {d['ttft_p90_ms']:.1f} | {d['tokens_per_step']:.2f} | "
+            f"{d['ttft_p50_ms']:.1f} | {d['ttft_p90_ms']:.1f} | {d['tokens_per_step']:.2f} | {_verified(d)} | "
             f"{d['tokens_per_pipeline_step']:.2f} | {d['requests_per_step']:.2f} | {d['step_ms']:.1f} | "
             f"{target} | {d['draft_step_ms']:.1f} | {_matches(d)} | {_acceptance(d)} | {d['preemptions']} |")
 

@@ -40,7 +40,7 @@ from engine.bench.spec import (SCHEDULER_FIELDS, BenchSpec, Decoding, effective_
                                spec_command)
 from engine.bench.turns import caching_label, check_turns, fresh_cache, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
-from engine.draft_policy import ALWAYS, make_policy
+from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, make_policy
 from engine.errors import ContextLengthError, DFlashError
 
 __all__ = ["BenchResult", "BenchSpec", "Decoding", "Row", "run_bench", "describe_machine", "default_loader"]
@@ -91,12 +91,12 @@ class EngineRunner:
 
     def __init__(self, pipe: Engine, config: GenerationConfig, draft_policy: str | None = None) -> None:
         self.pipe = pipe
-        self.config = config
-        # One policy state per configuration, kept across its runs (what it learned of the costs carries over,
-        # as in an app that runs for a while); None: the engine's own. The policy is the one setting the bench
-        # changes on a loaded engine (SpeculativePipeline.policy), so that several share one load.
+        # The policy is each request's setting; its state (the costs it measured, the calibration of the draft's
+        # confidence) is one per configuration, kept across its runs as in an app that runs for a while, and
+        # swapped into the loaded engine (SpeculativePipeline.policy) so that several configurations share one load.
+        self.config = config if draft_policy is None else config.copy(draft_policy=draft_policy)
         self.draft_policy = draft_policy
-        self._policy = make_policy(draft_policy) if draft_policy else None
+        self.policy_state = make_policy(draft_policy) if draft_policy else None
         self.prefix_caching: bool | None = None  # this configuration's setting (turns.per_setting); None: as loaded
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -105,8 +105,8 @@ class EngineRunner:
     def run(self, items: list[tuple[str, list[int]]], concurrency: int, max_new_tokens: int,
             cancel: Cancel | None = None) -> BatchRun:
         pipe = self.pipe
-        if self.draft_policy is not None and hasattr(pipe, "policy"):
-            pipe.policy = self._policy
+        if self.policy_state is not None and getattr(pipe, "policy", None) is not None:
+            pipe.policy = self.policy_state
         cfg = self.config.copy(max_new_tokens=max_new_tokens)
         pending = deque(items)
         live: dict[int, _Live] = {}
@@ -161,6 +161,8 @@ class EngineRunner:
         return RequestRun(lv.prompt_id, tokens, res.text, (t_first - lv.t_add) * 1e3, (now - lv.t_add) * 1e3,
                           int(getattr(m, "target_steps", 0)), produced, int(getattr(m, "drafted_total", 0)),
                           int(getattr(m, "accepted_total", 0)), int(getattr(m, "preemptions", 0) or 0),
+                          int(getattr(m, "verified_total", 0) or getattr(m, "drafted_total", 0)),
+                          int(getattr(m, "windows", 0) or 0),
                           _sum(m, "draft_step_ms"), _sum(m, "draft_model_ms"), _sum(m, "markov_head_ms"),
                           _sum(m, "sampling_ms"), _sum(m, "target_ms"), lv.confidence_sum, lv.confidence_n,
                           str(res.finish_reason or reason))
@@ -272,7 +274,8 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         rows = _aggregate(configs, levels or [1], [p.id for p in items], levels is None)
         return BenchResult(rows, notes + turn_notes(configs, spec.turns, done_prompts),
                            machine if machine is not None else describe_machine(spec.device),
-                           settings, cancelled, done_prompts, len(items), levels is not None)
+                           settings, cancelled, done_prompts, len(items), levels is not None,
+                           _reliability(configs))
 
     try:
         _plan(spec, target, loader, say, stop, notes, configs, settings)
@@ -349,6 +352,17 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     return result(cancelled)
 
 
+def _reliability(configs: list[_Config]) -> dict[str, dict[str, dict]]:
+    """Each draft configuration's calibration of its draft's confidence (drafts with a confidence head)."""
+    out: dict[str, dict[str, dict]] = {}
+    for c in configs:
+        state = getattr(c.runner, "policy_state", None)
+        cal = getattr(state, "calibration", None)
+        if cal:
+            out[c.row.config] = {("sampled" if sampled else "greedy"): v.reliability() for sampled, v in cal.items()}
+    return out
+
+
 def _merge(c: _Config, run: BatchRun) -> None:
     """Per prompt: a configuration's runs, one prompt each, as one run at level 1."""
     acc = c.runs.setdefault(1, BatchRun([], 0.0, 0, 0, 0))
@@ -393,7 +407,7 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
         except (DFlashError, ValueError) as exc:
             notes.append(f"{Path(d).name}: skipped, {_one_line(exc)}")
     genai_dflash: dict[Path, LLMPeer | None] = {}
-    policies = spec.draft_policies or [ALWAYS]
+    policies = spec.draft_policies or [DEFAULT_POLICY]
 
     for dec in spec.decodings:
         suffix = "" if dec.label == "greedy" else f", {dec.label}"
@@ -412,7 +426,14 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
         for path, pipe in drafts:
             info = pipe.describe().draft
             variant, has_head = (info.variant, info.has_head) if info is not None else (None, False)
-            ns = sorted({n or (info.default_candidates if info else 0) for n in spec.num_assistant_tokens})
+
+            def drafted(n: int | None, policy: str) -> int:
+                """The row's drafted count: the request's, else the engine's default under the policy."""
+                if n or info is None:
+                    return n or 0
+                return info.max_candidates if policy == ADAPTIVE else info.default_candidates
+
+            ns = list(dict.fromkeys(spec.num_assistant_tokens))
             if has_head:
                 ks = sorted({info.default_top_k if k is None else k for k in spec.markov_head_top_k}, reverse=True)
             else:
@@ -420,12 +441,15 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                 if any(k is not None for k in spec.markov_head_top_k) and dec is spec.decodings[0]:
                     notes.append(f"{path.name}: has no Markov head, so markov_head_top_k does not apply "
                                  "(one row per num_assistant_tokens).")
-            for n in ns:
+            counts = sorted({drafted(n, policy) for n in ns for policy in policies})
+            for n in counts:  # one row per drafted count x K x policy, in the order of the drafted count
                 for k in ks:
                     for policy in policies:
+                        if not any(drafted(m, policy) == n for m in ns):
+                            continue
                         label = (f"{path.name} ({variant or 'draft'}) n={n}" + ("" if k is None else f" K={k}")
-                                 + ("" if policy == ALWAYS else f", {policy}"))
-                        cfg = dec.config(num_assistant_tokens=n, markov_head_top_k=k)
+                                 + ("" if policy == DEFAULT_POLICY else f", {policy}"))
+                        cfg = dec.config(num_assistant_tokens=n or None, markov_head_top_k=k)
                         configs.append(_Config(row(f"{label} (this engine{suffix})", ENGINE, path.name, n, variant, k),
                                                EngineRunner(pipe, cfg, policy),
                                                dec))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import GenerationConfig
-from engine.draft_policy import ALWAYS, POLICIES
+from engine.draft_policy import DEFAULT_POLICY, POLICIES
 from engine.scheduler import SchedulerConfig
 
 SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "cache_size_mb")
@@ -88,7 +88,7 @@ class BenchSpec:
     # None: each prompt alone, prompt-major (the per-prompt table); levels: N requests in flight per level.
     concurrency: list[int] | None = None
     scheduler: dict[str, int | None] = field(default_factory=dict)  # the options given (None: default)
-    draft_policies: list[str] = field(default_factory=lambda: [ALWAYS])  # each draft configuration runs under each
+    draft_policies: list[str] = field(default_factory=lambda: [DEFAULT_POLICY])  # each draft configuration under each
     turns: int = 1  # user turns per conversation; rows report the last (engine/bench/turns.py)
     prefix_caching: list[bool] = field(default_factory=lambda: [True])  # this engine's rows, one per setting
 
@@ -132,7 +132,7 @@ class BenchSpec:
             if k not in SCHEDULER_FIELDS:
                 raise ValueError(f"{k}: not a scheduler option ({', '.join(SCHEDULER_FIELDS)}).")
         make_scheduler(self.scheduler)  # SchedulerConfig.validate names a value out of range
-        for name in self.draft_policies or [ALWAYS]:
+        for name in self.draft_policies or [DEFAULT_POLICY]:
             if name not in POLICIES:
                 raise ValueError(f"draft policy {name!r}: use one of {', '.join(POLICIES)}.")
         return self
@@ -193,6 +193,6 @@ def spec_command(spec: BenchSpec) -> str:
         v = spec.scheduler.get(k)
         if v is not None:
             parts += ["--" + k.replace("_", "-"), str(v)]
-    if spec.draft_policies and spec.draft_policies != [ALWAYS]:
+    if spec.draft_policies and spec.draft_policies != [DEFAULT_POLICY]:
         parts += ["--draft-policy", *spec.draft_policies]
     return " ".join(shlex.quote(x) for x in parts)

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Callable
 
+from engine.draft_policy import DEFAULT_POLICY, POLICIES
 from engine.serve import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
 
 API_KEY_ENV = "DFLASH_STUDIO_API_KEY"
@@ -41,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
                    help="requests the engine runs in the same steps (its max_num_seqs)")
     s.add_argument("--prefix-caching", choices=["on", "off"], default="on",
                    help="reuse the KV of a conversation's earlier turns (docs/batching.md, \"Prefix caching\")")
+    s.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
+                   help="how many drafted candidates the target verifies: 'adaptive' (default) the ones that pay "
+                        "for their rows at the current load, 'always' every one (docs/batching.md)")
     s.set_defaults(func=lambda args: cmd_serve(args, resolve_models))
 
 
@@ -61,7 +65,8 @@ def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Names
               file=sys.stderr, flush=True)
         pipe = load_engine(target, draft, device=args.device, precision=args.precision,
                            scheduler=SchedulerConfig(max_num_seqs=args.max_running,
-                                                     prefix_caching=args.prefix_caching == "on"))
+                                                     prefix_caching=args.prefix_caching == "on",
+                                                     draft_policy=args.draft_policy))
         model = served_model(str(target), pipe.describe().draft_name)
     except BaseException:
         sock.close()

@@ -1,9 +1,14 @@
-"""The adaptive draft policy (engine/draft_policy.py): its cost estimates and its choice, without models."""
+"""The adaptive draft policy (engine/draft_policy.py): its cost table, its calibration and its choice, without models."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
-from engine.draft_policy import ADAPTIVE, ALWAYS, CostTable, DraftPolicy, expected_tokens, make_policy
+from engine.config import GenerationConfig
+from engine.draft_policy import (ADAPTIVE, ALWAYS, Calibration, CostTable, DraftPolicy, Offer, make_policy,
+                                 survivals)
+from engine.metrics import PositionCounts
 from engine.scheduler import SchedulerConfig
 
 
@@ -28,73 +33,144 @@ def test_cost_table_fits_the_nearest_sizes_and_shrugs_off_slow_calls() -> None:
     assert 0 not in t.samples and 3 not in t.samples  # nonsense sizes and times are not kept
 
 
-def test_expected_tokens_is_the_geometric_sum() -> None:
-    assert expected_tokens(0.5, 0) == 1.0
-    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
-    assert expected_tokens(1.0, 7) == 8.0
+def test_position_counts_are_one_counter_for_shares_and_chances() -> None:
+    c = PositionCounts()
+    c.add(3, 1)  # accepted the first, rejected the second, the third verified but never reached
+    c.add(2, 2)  # both accepted
+    c.add(0, 0)  # nothing verified: not a window
+    assert c.verified == [2, 2, 1] and c.reached == [2, 2, 0] and c.accepted == [2, 1, 0]
+    assert c.acceptance == [1.0, 0.5, 0.0]
+    assert c.conditional(1, prior=0.5, weight=2.0) == pytest.approx((1 + 1) / (2 + 2))
+    assert c.conditional(5, prior=0.3, weight=2.0) == 0.3  # never verified that far: the prior
 
 
-def _policy(target_ms, draft_ms: float) -> DraftPolicy:
+def _window(cal: Calibration, confidences: list[float], rng: random.Random, truth) -> None:
+    """One window whose candidate j is accepted with chance truth(j, c_j), in order."""
+    accepted = 0
+    for j, c in enumerate(confidences):
+        if rng.random() >= truth(j, c):
+            break
+        accepted += 1
+    cal.observe(confidences, accepted)
+
+
+def test_calibration_is_the_identity_without_data_and_learns_an_overconfident_head() -> None:
+    cal = Calibration()
+    for c in (0.05, 0.3, 0.55, 0.95):
+        assert cal(0, c) == pytest.approx(c, abs=0.06)  # the bins' centres: the identity, roughly
+    rng = random.Random(1)
+    for _ in range(20000):  # a head that says c where the target accepts c / 2
+        _window(cal, [rng.random() for _ in range(4)], rng, lambda j, c: c / 2)
+    for j in range(3):
+        for c in (0.3, 0.6, 0.9):
+            assert cal(j, c) == pytest.approx(c / 2, abs=0.07), (j, c, cal(j, c))
+    xs = [i / 20 for i in range(21)]
+    assert all(cal(1, a) <= cal(1, b) + 1e-12 for a, b in zip(xs, xs[1:]))  # isotonic
+    # a position seen rarely leans on the others: position 3 was reached far less often than position 0
+    assert sum(cal.reached[3]) < sum(cal.reached[0]) / 4
+    assert cal(3, 0.8) == pytest.approx(0.4, abs=0.1)
+    rel = cal.reliability()
+    assert sum(map(sum, rel["reached"])) == sum(map(sum, cal.reached)) and len(rel["map"]) == cal.positions
+
+
+def test_calibration_tells_positions_apart() -> None:
+    cal = Calibration()
+    rng = random.Random(2)
+    for _ in range(6000):  # the first position is accepted more often than its confidence says, later ones less
+        _window(cal, [rng.random() for _ in range(3)], rng, lambda j, c: min(1.0, c + 0.3) if j == 0 else c * 0.6)
+    assert cal(0, 0.5) == pytest.approx(0.8, abs=0.08)
+    assert cal(1, 0.5) == pytest.approx(0.3, abs=0.08)
+
+
+def _policy(target_ms) -> DraftPolicy:
     p = DraftPolicy(explore_every=0)
-    for rows in range(1, 65):
-        p.observe_target(rows, target_ms(rows))
-    for n in range(1, 65):
-        p.observe_draft(n, draft_ms)
+    for rows in range(1, 80):
+        for _ in range(2):
+            p.observe_step(rows, target_ms(rows), 0.5)
     return p
 
 
-def test_cheap_rows_draft_the_full_window_dear_rows_draft_none() -> None:
-    opening = [(i, 7) for i in range(8)]
-    fixed_cost = _policy(lambda r: 10.0 + 0.01 * r, 3.0)  # one request's CPU: rows nearly free
-    assert fixed_cost.choose(opening, 0, 0, 256) == 7
-    per_row = _policy(lambda r: 2.5 * r, 3.0)  # many requests' CPU: every row costs the same
-    assert per_row.choose(opening, 0, 0, 256) == 0
-    # in between, the acceptance rate decides: the better the draft, the more candidates
-    mid = _policy(lambda r: 8.0 + 0.5 * r, 3.0)
-    low = mid.choose(opening, 0, 0, 256)
-    for rid, _ in opening:
-        for _ in range(50):
-            mid.observe_window(rid, 7, 7)  # every candidate accepted
-    high = mid.choose(opening, 0, 0, 256)
-    assert high > low
+def test_cheap_rows_verify_everything_dear_rows_and_low_confidence_verify_few() -> None:
+    confident = [0.95] * 8
+    doubtful = [0.3] * 8
+    flat = _policy(lambda r: 10.0 + 0.01 * r)  # one request's CPU: rows nearly free
+    assert flat.choose([Offer(0, [0.6] * 8)], 0, 0.0, 3.0) == [8]
+    assert flat.choose([Offer(0, doubtful)], 0, 0.0, 3.0)[0] < 8  # 0.3^8: not worth even a cheap row
+    dear = _policy(lambda r: 2.5 * r)  # many requests' CPU: a row costs what a step does
+    assert dear.choose([Offer(i, doubtful) for i in range(8)], 0, 0.0, 3.0) == [0] * 8
+    mid = _policy(lambda r: 10.0 + 1.0 * r)
+    low, high = mid.choose([Offer(0, doubtful)], 0, 0.0, 3.0), mid.choose([Offer(0, confident)], 0, 0.0, 3.0)
+    assert 0 < low[0] < high[0]
+    # in one step, the confident request gets the rows
+    both = mid.choose([Offer(0, doubtful), Offer(1, confident)], 0, 0.0, 3.0)
+    assert both[1] > both[0]
+    # the more the step costs besides the target (a slow draft call), the more rows are worth their cost
+    assert mid.choose([Offer(0, doubtful)], 0, 0.0, 40.0)[0] >= low[0]
 
 
-def test_the_budget_and_the_prompt_rows_count_in_the_cost() -> None:
-    p = _policy(lambda r: 4.0 + 1.0 * r, 1.0)
-    opening = [(0, 7)]
-    alone = p.choose(opening, 0, 0, 256)
-    # 200 prompt rows wait: every window row pushes one of them out of a full 64-row budget, so the step costs
-    # the same whatever k is, and drafting is free
-    assert p.choose(opening, 0, 200, 64) == 7
-    assert alone <= 7
-
-
-def test_acceptance_is_counted_per_request_from_a_pooled_prior() -> None:
-    p = DraftPolicy(prior_alpha=0.6, prior_weight=4.0)
-    assert p.alpha(1) == pytest.approx(0.6)
-    p.observe_window(1, 4, 1)  # one accepted, then a rejection
-    assert p.alpha(1) == pytest.approx((1 + 4 * 0.5) / (2 + 4))  # the pool is now 1 of 2 as well
-    p.observe_window(2, 3, 3)  # all accepted: no rejection counted
-    assert p.alpha(2) > p.alpha(1)
-    p.forget(2)
-    assert p.alpha(2) == pytest.approx(4 / 5)  # back to the pooled rate: 4 accepted, 1 rejected
-
-
-def test_unknown_costs_draft_the_full_count_and_no_opening_window_is_zero() -> None:
-    assert DraftPolicy().choose([(0, 5), (1, 3)], 0, 0, 256) == 5
-    assert _policy(lambda r: r, 1.0).choose([], 4, 0, 256) == 0
-
-
-def test_every_so_often_the_next_count_in_turn_is_tried() -> None:
-    p = _policy(lambda r: 2.5 * r, 3.0)  # dear rows: the choice is 0
+def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_windows() -> None:
+    assert DraftPolicy().choose([Offer(0, [0.1] * 5), Offer(1, [0.1] * 3)], 0, 0.0, 1.0) == [5, 3]
+    assert DraftPolicy().choose([], 4, 1.0, 1.0) == []
+    p = _policy(lambda r: 2.5 * r)
     p.explore_every = 4
-    picks = [p.choose([(0, 3), (1, 3)], 0, 0, 256) for _ in range(16)]
-    assert picks == [0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0]  # counts 1, 2, 3, 0 measured again
+    picks = [p.choose([Offer(0, [0.2] * 3)], 0, 0.0, 1.0)[0] for _ in range(8)]
+    assert picks == [0, 0, 0, 3, 0, 0, 0, 3]
 
 
-def test_scheduler_setting_picks_the_policy() -> None:
-    assert SchedulerConfig().draft_policy == ALWAYS and make_policy(ALWAYS) is None
-    assert isinstance(make_policy(ADAPTIVE), DraftPolicy)
-    SchedulerConfig(draft_policy=ADAPTIVE).validate()
-    with pytest.raises(ValueError, match="draft_policy='sometimes'.*always, adaptive"):
+def test_the_drafted_count_follows_the_verified_lengths_and_explores() -> None:
+    p = DraftPolicy(explore_draft_every=4)
+    assert p.draft_cap() is None  # too few choices seen: every request drafts its full count
+    for _ in range(40):
+        p.observe_choice(2, 8, capped=False)
+    p.observe_choice(6, 8, capped=False)  # one long window among many short: the 90th percentile is 2
+    caps = [p.draft_cap() for _ in range(8)]
+    assert caps == [3, 3, 3, None, 3, 3, 3, None]  # one more than it verifies; every 4th draft step the full count
+    for _ in range(64):
+        p.observe_choice(3, 3, capped=True)  # capped windows verified whole ask for one more
+    assert p.draft_cap() == 5
+    assert DraftPolicy.choose_reproducible([0.95] * 6) == 6 and DraftPolicy.choose_reproducible([0.02] * 6) == 0
+    assert DraftPolicy.choose_reproducible([0.95, 0.95, 0.02, 0.95]) == 2  # stops at the first doubtful one
+
+
+def test_whether_a_candidate_is_verified_never_depends_on_the_ones_after_it() -> None:
+    """What keeps sampled output exact: candidate j's verification may depend on the chances up to j (they read
+    the tokens drafted before j) and on other requests, never on chance j+1 onwards (which read candidate j)."""
+    rng = random.Random(3)
+    for trial in range(300):
+        policy = _policy(lambda r, s=rng.uniform(0.1, 3.0), f=rng.uniform(0.0, 20.0): f + s * r)
+        offers = [Offer(i, [rng.random() for _ in range(rng.randint(1, 8))]) for i in range(rng.randint(1, 6))]
+        fixed = (rng.randint(0, 20), rng.random() * 3, rng.uniform(0.0, 10.0))
+        verify = policy.choose(offers, *fixed)
+        for i, o in enumerate(offers):
+            m = verify[i]
+            for _ in range(5):  # redraw everything after the first candidate left unverified
+                later = o.chances[: m + 1] + [rng.random() for _ in o.chances[m + 1:]]
+                changed = [Offer(x.request_id, later if x is o else x.chances) for x in offers]
+                assert policy.choose(changed, *fixed)[i] == m, (trial, i)
+
+
+def test_chances_come_from_the_confidence_else_from_the_requests_history() -> None:
+    p = DraftPolicy(prior_accept=0.6, prior_weight=4.0)
+    assert p.chances(3, False, [0.9, 0.5, 0.1], PositionCounts()) == pytest.approx([0.9, 0.5, 0.1], abs=0.06)
+    history = PositionCounts()
+    for _ in range(40):
+        history.add(3, 3)  # this request's windows: every candidate accepted
+    got = p.chances(3, False, None, history)
+    assert all(g > 0.95 for g in got)
+    assert p.chances(2, False, None, PositionCounts()) == pytest.approx([0.6, 0.6])  # nothing known: the prior
+    for _ in range(50):
+        p.observe_window(False, 2, 0, None)  # the pool: every first candidate rejected
+    assert p.chances(1, False, None, PositionCounts())[0] < 0.1
+    assert p.chances(1, True, None, PositionCounts()) == pytest.approx([0.6])  # sampled requests count apart
+    assert survivals([0.5, 0.5, 1.0]) == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_the_policy_is_a_setting_of_the_scheduler_and_of_each_request() -> None:
+    assert SchedulerConfig().draft_policy == ADAPTIVE
+    assert isinstance(make_policy(ALWAYS), DraftPolicy) and isinstance(make_policy(ADAPTIVE), DraftPolicy)
+    SchedulerConfig(draft_policy=ALWAYS).validate()
+    GenerationConfig(draft_policy=ALWAYS).validate()
+    with pytest.raises(ValueError, match="draft_policy='sometimes'.*adaptive, always"):
         SchedulerConfig(draft_policy="sometimes").validate()
+    with pytest.raises(ValueError, match="draft_policy='all'"):
+        GenerationConfig(draft_policy="all").validate()

@@ -56,7 +56,7 @@ def test_num_assistant_tokens_below_block_stays_exact(tiny_qwen3_target, tiny_qw
         ref = qwen_alone.generate(PROMPTS[0], cfg.copy(num_assistant_tokens=None), chat=False).token_ids
         out = spec.generate(PROMPTS[0], cfg, chat=False)
         assert out.token_ids == ref
-        assert max(len(e) for e in [out.metrics.position_drafted]) <= k
+        assert len(out.metrics.position_verified) <= k and out.metrics.drafted_total <= k * out.metrics.windows
 
 
 def test_trained_draft_is_accepted_and_random_is_not(tiny_qwen3_target, tiny_qwen3_drafts) -> None:
@@ -121,7 +121,8 @@ def test_draft_runs_in_openvino_genai_dflash_with_same_text_and_steps(tiny_qwen3
     res = pipe.generate(ov.Tensor(np.array([ids], np.int64)), cfg)
     theirs = [int(t) for t in res.tokens[0]]
     their_steps = len(res.extended_perf_metrics.main_model_metrics.raw_metrics.m_durations)
-    out = ours.generate(ids, GenerationConfig(max_new_tokens=48, num_assistant_tokens=7, ignore_eos=True))
+    out = ours.generate(ids, GenerationConfig(max_new_tokens=48, num_assistant_tokens=7, ignore_eos=True,
+                                              draft_policy="always"))  # theirs verifies every candidate
     assert out.token_ids == theirs
     assert out.metrics.target_steps + 1 == their_steps  # + 1: their count includes the prefill
 
@@ -223,7 +224,8 @@ def test_draft_state_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_targe
 
 
 def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts) -> None:
-    """A draft's config.json "num_assistant_tokens" is its tuned default; a request may still ask for more."""
+    """A draft's config.json "num_assistant_tokens" is its tuned default when every candidate is verified
+    (`always`); a request may still ask for more. The adaptive policy drafts a full block unless told."""
     import shutil
 
     folder = tmp_path / "tuned"
@@ -232,8 +234,12 @@ def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, t
     (folder / "config.json").write_text(json.dumps(dict(cfg, num_assistant_tokens=2)))
     spec = SpeculativePipeline.load(tiny_qwen3_target, folder, precision="f32")
     assert spec.default_num_candidates == 2 and spec.draft.info.max_candidates == 7
-    out = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, ignore_eos=True), chat=False)
-    assert len(out.metrics.position_drafted) == 2
-    out = spec.generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, num_assistant_tokens=5, ignore_eos=True),
-                        chat=False)
-    assert len(out.metrics.position_drafted) == 5
+    always = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_policy="always")
+    out = spec.generate(PROMPTS[1], always, chat=False)
+    assert len(out.metrics.position_verified) == 2
+    out = spec.generate(PROMPTS[1], always.copy(num_assistant_tokens=5), chat=False)
+    assert len(out.metrics.position_verified) == 5
+    events = []
+    spec.generate(PROMPTS[1], always.copy(draft_policy="adaptive"), chat=False, on_event=events.append)
+    proposed = [e.window_proposed for e in events if e.window_proposed]
+    assert proposed[0] == 7 and max(proposed) == 7  # a window near max_new_tokens holds fewer

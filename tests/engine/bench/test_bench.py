@@ -173,12 +173,15 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
     prompts = _prompt_file(tmp_path, list(TRAIN_PROMPTS[:3]))
     draft = tiny_qwen3_drafts["b8_trained"]
     spec = BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 24, precision="f32",
-                     num_assistant_tokens=[3, None], genai_target=True, genai_dflash=True)
+                     num_assistant_tokens=[3, None], genai_target=True, genai_dflash=True,
+                     draft_policies=["always"])  # every candidate verified, as openvino_genai's DFlash does
     res = run_bench(spec, loader=loader)
     names = [r.config for r in res.rows]
     assert names == ["target alone (this engine)", "target alone (openvino_genai)",
-                     "b8_trained (dflash_v1) n=3 (this engine)", "b8_trained (dflash_v1) n=3 (openvino_genai DFlash)",
-                     "b8_trained (dflash_v1) n=7 (this engine)", "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
+                     "b8_trained (dflash_v1) n=3, always (this engine)",
+                     "b8_trained (dflash_v1) n=3 (openvino_genai DFlash)",
+                     "b8_trained (dflash_v1) n=7, always (this engine)",
+                     "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
     assert res.machine["openvino"] and "CPU" in res.machine["device"] and res.settings["precision"] == "f32"
     base = res.rows[0]
     finished = [x for p in pipes for x in p.results()]

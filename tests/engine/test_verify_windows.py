@@ -1,0 +1,252 @@
+"""The adaptive draft policy in the pipeline (engine/draft_policy.py, docs/batching.md): the draft proposes its
+block, the target verifies only what pays. Greedy output never changes, a seeded sampled request gives the
+same text in any batch, unseeded sampled output follows the target's distribution, and the windows the policy
+cuts are counted as drafted, verified and accepted.
+
+Tiny fixtures at f32; costs are frozen where a test is about the choice (this machine's timings are not)."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.config import GenerationConfig
+from engine.draft_policy import ADAPTIVE, ALWAYS, CostTable, DraftPolicy
+from engine.pipeline import SpeculativePipeline
+from engine.scheduler import SchedulerConfig
+from fixtures.distribution_check import PROMPT, chi2_critical, exact_joint
+from fixtures.tiny_drafts import TRAIN_PROMPTS
+
+PROMPTS = list(TRAIN_PROMPTS[:4])
+GREEDY = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def dspark_trained(tiny_qwen3_hf: Path) -> Path:
+    """The trained DSpark fixture: a Markov head and a confidence head that reads it."""
+    from fixtures.tiny_variant_drafts import VARIANT_SPECS, build_variant_drafts
+
+    spec = next(s for s in VARIANT_SPECS if s.name == "dspark_trained")
+    return build_variant_drafts(tiny_qwen3_hf, tiny_qwen3_hf.parent / "verify-dspark", (spec,))[spec.name]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_qwen3_target: Path) -> SpeculativePipeline:
+    return SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
+
+
+class FrozenCost(CostTable):
+    """A cost table that prices rows by a function and ignores what the steps measure."""
+
+    def __init__(self, price) -> None:
+        super().__init__()
+        self.price = price
+
+    def observe(self, size: int, ms: float) -> None:
+        pass
+
+    def estimate(self, size: int) -> float:
+        return self.price(size) if size > 0 else 0.0
+
+    @property
+    def seen(self) -> bool:
+        return True
+
+
+class FrozenPolicy(DraftPolicy):
+    """The real choice on frozen costs: the step's draft and host time fixed too, no exploration."""
+
+    def __init__(self, price, fixed_ms: float = 0.0) -> None:
+        super().__init__(explore_every=0, target=FrozenCost(price))
+        self.fixed = fixed_ms
+
+    def choose(self, offers, fixed_rows, fixed_tokens, fixed_ms):
+        return super().choose(offers, fixed_rows, fixed_tokens, self.fixed)
+
+
+def _draft(request, name: str) -> tuple[Path, int | None]:
+    if name == "dspark_trained":
+        return request.getfixturevalue("dspark_trained"), 8
+    return request.getfixturevalue("tiny_qwen3_drafts")[name], None
+
+
+def _batch(pipe: SpeculativePipeline, cfgs: list[GenerationConfig], together: bool = False
+           ) -> tuple[list[int], dict[int, list]]:
+    """The first two requests before the first step, the rest one step later each (`together`: all before it)."""
+    rids, events = [], {}
+    pending = list(zip(PROMPTS, cfgs))
+    step = 0
+    while pending or pipe.has_unfinished():
+        while pending and (together or len(rids) < 2 or step >= len(rids) - 1):
+            prompt, cfg = pending.pop(0)
+            rids.append(pipe.add_request(prompt, cfg, chat=False))
+            events[rids[-1]] = []
+        for e in pipe.step():
+            events[e.request_id].append(e)
+        step += 1
+    return rids, events
+
+
+def _windows(events) -> list[tuple[int, int, int]]:
+    """(proposed, verified, accepted) of each closed window."""
+    return [(e.window_proposed, len(e.window_drafted), e.window_accepted) for e in events
+            if e.window_drafted is not None]
+
+
+@pytest.mark.parametrize("name", ["b8_trained", "dspark_trained"])
+def test_greedy_output_is_the_targets_whatever_the_policy_verifies(request, alone, tiny_qwen3_target, name) -> None:
+    """This machine's own timings decide; every request equals the target alone, every window is counted as
+    what the draft proposed, what the target verified and what it accepted."""
+    draft, k = _draft(request, name)
+    cfg = GREEDY.copy(markov_head_top_k=k)
+    ref = [alone.generate(p, cfg, chat=False).token_ids for p in PROMPTS]
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    assert pipe.scheduler.draft_policy == ADAPTIVE  # the default
+    rids, events = _batch(pipe, [cfg] * len(PROMPTS))
+    for rid, want in zip(rids, ref):
+        assert pipe.result(rid).token_ids == want, f"{name}: request {rid} diverged from the target alone"
+        m = pipe.metrics(rid)
+        wins = _windows(events[rid])
+        assert m.drafted_total == sum(p for p, _, _ in wins) >= m.verified_total == sum(v for _, v, _ in wins)
+        assert m.accepted_total == sum(a for _, _, a in wins) and all(a <= v <= p for p, v, a in wins)
+        assert sum(m.position_verified) == m.verified_total and sum(m.position_accepted) == m.accepted_total
+        assert m.mean_verified == pytest.approx(m.verified_total / m.windows)
+    assert pipe.policy.target.seen and pipe.policy.pooled[False].verified  # it measured steps and counted windows
+    if name == "dspark_trained":  # a confidence head: its calibration learned from the closed windows
+        assert sum(map(sum, pipe.policy.calibration[False].reached)) > 0
+
+
+@pytest.mark.parametrize("name", ["b8_trained", "dspark_trained"])
+def test_frozen_costs_cheap_rows_verify_all_dear_rows_verify_none(request, alone, tiny_qwen3_target, name) -> None:
+    draft, k = _draft(request, name)
+    cfg = GREEDY.copy(markov_head_top_k=k, num_assistant_tokens=6)
+    ref = [alone.generate(p, cfg, chat=False).token_ids for p in PROMPTS]
+    runs = {}
+    for label, price in (("flat", lambda r: 10.0), ("dear", lambda r: 5.0 * r)):
+        pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+        pipe.policy = FrozenPolicy(price)
+        rids, events = _batch(pipe, [cfg] * len(PROMPTS), together=True)
+        assert [pipe.result(r).token_ids for r in rids] == ref
+        assert pipe.last_step.prefill_tokens == 0
+        runs[label] = [_windows(events[r]) for r in rids]
+        opened = [e for r in rids for e in events[r] if e.window_proposed]
+        assert opened and all(e.window_proposed > 0 for e in opened)
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32",
+                                    scheduler=SchedulerConfig(draft_policy=ALWAYS))
+    rids, events = _batch(pipe, [cfg] * len(PROMPTS), together=True)
+    assert [pipe.result(r).token_ids for r in rids] == ref
+    always = [_windows(events[r]) for r in rids]
+    assert runs["flat"] == always  # rows free: every drafted candidate verified, as `always` does
+    # Rows priced in proportion and every prompt prefilled in the first step: a candidate would have to bring
+    # more than a token per row (its survival is below 1), so at most the first candidate, which rides on the
+    # padding row a one-row chunk gets anyway (row invariance, CPU), is verified (if it has any chance at all).
+    dear = [w for ws in runs["dear"] for w in ws]
+    assert pipe.target.pad_single_rows and dear and max(p for p, _, _ in dear) == 6
+    assert all(v <= 1 for _, v, _ in dear) and sum(v for _, v, _ in dear) > len(dear) / 2
+
+
+def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, alone, tiny_qwen3_target) -> None:
+    """The cut follows each window's own confidences: with the calibration replaced by a sharp one (confident
+    candidates 0.95, doubtful ones 0.05) and costs where only the confident pay, every window is verified up to
+    its first doubtful candidate. (The tiny draft's own confidences are nearly flat, so its real calibration
+    would cut every window alike.)"""
+    cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
+    seen: list[list[float]] = []
+
+    class Sharp(FrozenPolicy):
+        def chances(self, n, sampled, confidence, history, reproducible=False):
+            seen.append(list(confidence[:n]))
+            return [0.95 if c >= CUT else 0.05 for c in confidence[:n]]
+
+    values = []
+    probe = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
+    for p in PROMPTS:
+        probe.generate(p, cfg.copy(draft_policy=ALWAYS), chat=False,
+                       on_event=lambda e: values.extend(e.confidence or []))
+    CUT = float(np.median(values))  # half the candidates are doubtful
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
+    pipe.policy = Sharp(lambda r: 10.0 + 2.0 * r)
+    for p in PROMPTS:
+        seen.clear()
+        events = []
+        res = pipe.generate(p, cfg, chat=False, on_event=events.append)
+        assert res.token_ids == alone.generate(p, cfg, chat=False).token_ids
+        opened = [e for e in events if e.window_proposed]  # one step per window: no budget splits here
+        assert len(opened) == len(seen)
+        for e, conf in zip(opened, seen):
+            first_doubtful = next((j for j, c in enumerate(conf) if c < CUT), len(conf))
+            # the first candidate rides on the padding row a one-row chunk gets anyway (row invariance, CPU)
+            assert len(e.drafted) == max(first_doubtful, 1), (conf, len(e.drafted))
+    assert pipe.target.pad_single_rows and len({len(e.drafted) for e in opened}) >= 2
+
+
+def test_a_seeded_sampled_request_gives_the_same_text_in_any_batch(request, tiny_qwen3_target) -> None:
+    """The cut of a seeded request depends on its own tokens only (fixed costs, the raw confidence)."""
+    draft, k = _draft(request, "dspark_trained")
+    seeded = GREEDY.copy(markov_head_top_k=k, do_sample=True, temperature=0.8, rng_seed=11, max_new_tokens=32)
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    solo = pipe.generate(PROMPTS[0], seeded, chat=False)
+    pipe.policy = FrozenPolicy(lambda r: 10.0 + 3.0 * r)  # the batch's costs: other requests are cut otherwise
+    cfgs = [seeded, GREEDY.copy(markov_head_top_k=k), GREEDY.copy(markov_head_top_k=k, do_sample=True), seeded]
+    rids, events = _batch(pipe, cfgs)
+    assert pipe.result(rids[0]).token_ids == solo.token_ids
+    assert pipe.result(rids[3]).token_ids == pipe.generate(PROMPTS[3], seeded, chat=False).token_ids
+    assert any(v < p for p, v, _ in _windows(events[rids[0]]))  # and its windows were cut
+
+
+def test_unseeded_sampled_output_follows_the_target_distribution(dspark_trained, alone, tiny_qwen3_target,
+                                                                 monkeypatch) -> None:
+    """Goodness of fit of (t2, t3) given the most frequent t1 against the exact target distribution, with windows
+    of 2 sampled candidates cut to 0, 1 or 2 by the policy from the candidates' confidences: the second one's
+    confidence reads the first candidate (the Markov confidence head), so whether the first is verified alone
+    depends on what was drafted before the second, never on the second itself. A sharp calibration (the tiny
+    draft's confidences are nearly flat) cuts after the first candidate when the second's confidence is low: the
+    rarer cut, as this draft mostly proposes one first candidate after the usual t1. 1,500 runs; categories with
+    expected count < 5 pooled; chi-square at a false-alarm rate of 1e-3. The requests carry no seed (a seeded
+    one is cut by its own rule); the entropy they draw is made repeatable here."""
+    cfg = GenerationConfig(max_new_tokens=4, num_assistant_tokens=2, do_sample=True, temperature=1.0,
+                           ignore_eos=True, markov_head_top_k=8)
+    prompt = alone.encode_prompt(PROMPT, chat=False)
+    spec = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
+    probe: list[tuple[int, list[float]]] = []  # (t1, the first window's confidences)
+    for seed in range(200):
+        events = []
+        res = spec.generate(prompt, cfg.copy(rng_seed=seed, draft_policy=ALWAYS), on_event=events.append)
+        probe.append((res.token_ids[0], next(e for e in events if e.window_proposed).confidence))
+    usual, _ = Counter(t for t, _ in probe).most_common(1)[0]
+    second = sorted(c[1] for t, c in probe if t == usual)  # few distinct values: the first candidate has few
+    balance = max(set(second), key=lambda v: min(sum(x < v for x in second), sum(x >= v for x in second)))
+    cut = [float(np.quantile([c[0] for _, c in probe], 0.1)), balance]
+
+    class Sharp(FrozenPolicy):
+        def chances(self, n, sampled, confidence, history, reproducible=False):
+            return [0.9 if c >= cut[min(j, 1)] else 0.1 for j, c in enumerate(confidence[:n])]
+
+    spec.policy = Sharp(lambda r: 10.0 + 3.0 * r)  # a 0.9 survival pays its row, a 0.1 one does not
+    entropy = iter(range(10_000, 20_000))
+    monkeypatch.setattr(np.random, "SeedSequence", lambda *a: type("S", (), {"entropy": next(entropy)})())
+    samples, cut_of = [], []
+    for _ in range(1500):
+        events = []
+        res = spec.generate(prompt, cfg, on_event=events.append)
+        samples.append(tuple(res.token_ids))
+        cut_of.append(len(next(e for e in events if e.window_proposed).drafted))  # the window that makes t2
+    first, _ = Counter(s[0] for s in samples).most_common(1)[0]
+    cuts = Counter(c for s, c in zip(samples, cut_of) if s[0] == first)
+    assert cuts[1] >= 20 and cuts[2] >= 100, cuts  # both cuts among the runs tested: each path is
+    pairs = Counter(s[1:3] for s in samples if s[0] == first)
+    n = sum(pairs.values())
+    assert n >= 300
+    joint = exact_joint(alone, prompt, cfg, first)
+    big = {k: v for k, v in joint.items() if v * n >= 5}
+    stat = sum((pairs[k] - n * v) ** 2 / (n * v) for k, v in big.items())
+    df = len(big) - 1
+    observed_other, expected_other = n - sum(pairs[k] for k in big), n * (1 - sum(big.values()))
+    if expected_other >= 5:
+        stat += (observed_other - expected_other) ** 2 / expected_other
+        df += 1
+    else:
+        assert observed_other <= max(5, 3 * expected_other + 3)
+    assert df >= 1 and stat < chi2_critical(df), (stat, df)
