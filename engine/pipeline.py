@@ -460,8 +460,9 @@ class SpeculativePipeline:
         return events
 
     def _target_rows(self, rows: int) -> int:
-        """The rows the target runs for a chunk of `rows` (a one-row chunk gets a padding row: row invariance)."""
-        return rows + int(rows == 1 and getattr(self.target, "pad_single_rows", False))
+        """The rows the target runs for a decode chunk of `rows`: in the "padded" row layout a one-row chunk
+        gets a padding row; the "split" layout scores generated rows one by one (engine/models/paged_target.py)."""
+        return rows + int(rows == 1 and getattr(self.target, "rows", "plain") == "padded")
 
     def _cap_candidates(self) -> None:
         """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
