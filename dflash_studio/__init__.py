@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 # The engine's subcommands (engine/cli.py build_parser); anything else opens the app.
-CLI_COMMANDS = frozenset({"generate", "bench", "row-invariance", "export", "prepare", "draft-vocab", "train-draft",
+CLI_COMMANDS = frozenset({"generate", "bench", "humaneval", "row-invariance", "export", "prepare", "draft-vocab", "train-draft",
                           "devices", "serve"})
 GUI_COMMAND = "gui"
 
