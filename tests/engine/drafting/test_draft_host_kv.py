@@ -24,7 +24,7 @@ from engine.pipeline import SpeculativePipeline
 from fixtures.tiny_drafts import TRAIN_PROMPTS
 
 PROMPTS = list(TRAIN_PROMPTS[:4])
-CFG = GenerationConfig(max_new_tokens=32, ignore_eos=True)
+CFG = GenerationConfig(max_new_tokens=32, ignore_eos=True, draft_policy="always")  # full windows: acceptance compared
 
 
 @pytest.fixture(scope="module")
