@@ -202,7 +202,8 @@ def speculative_stats(metrics: Any, job: Job) -> dict[str, Any]:
                            "drafted": job.drafted, "accepted": job.accepted, "target_steps": job.steps}
     if metrics is not None:
         d = metrics.as_dict() if hasattr(metrics, "as_dict") else {}
-        out.update({k: d[k] for k in ("drafted", "accepted", "target_steps", "tokens_per_step", "acceptance_rate",
+        out.update({k: d[k] for k in ("drafted", "verified", "mean_verified", "accepted", "target_steps", "tokens_per_step",
+                                      "acceptance_rate",
                                       "acceptance_by_position", "ttft_ms", "tpot_ms", "decode_tok_s", "preemptions")
                     if k in d})
         if d.get("draft") is not None:

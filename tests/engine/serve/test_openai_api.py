@@ -67,7 +67,8 @@ def test_speculative_fields_report_what_the_draft_did(served):
     assert spec["draft"] == served.pipe.draft_name
     assert spec["drafted"] > 0 and 0 < spec["accepted"] <= spec["drafted"]  # the trained draft on its own prompt
     assert spec["tokens_per_step"] > 1.0
-    assert spec["acceptance_rate"] == pytest.approx(spec["accepted"] / spec["drafted"], abs=1e-3)
+    assert spec["accepted"] <= spec["verified"] <= spec["drafted"]  # the policy may check fewer than were drafted
+    assert spec["acceptance_rate"] == pytest.approx(spec["accepted"] / spec["verified"], abs=1e-3)
     assert len(spec["acceptance_by_position"]) > 0 and spec["target_steps"] >= 1
 
 
