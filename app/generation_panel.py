@@ -124,7 +124,7 @@ class GenerationPanel(QGroupBox):
 
         self.draft_policy = QComboBox()
         self.draft_policy.setObjectName("draftPolicy")
-        for name in POLICIES:
+        for name in (ALWAYS, ADAPTIVE):
             self.draft_policy.addItem(DRAFT_POLICY_LABELS[name], name)
         saved = S.get_str(settings, S.K_DRAFT_POLICY, DEFAULT_POLICY)
         self.draft_policy.setCurrentIndex(max(0, self.draft_policy.findData(saved if saved in POLICIES

@@ -23,7 +23,7 @@ from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.events import GenerationResult, StepEvent, StepTimings
-from engine.draft_policy import ADAPTIVE, Offer, make_policy, survivals
+from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -70,7 +70,7 @@ class _Request:
     metrics: RequestMetrics
     t_added: float
     generated: list[int] = field(default_factory=list)
-    policy: str = ADAPTIVE  # how much of a drafted window the target verifies (engine/draft_policy.py)
+    policy: str = ALWAYS  # how much of a drafted window the target verifies (engine/draft_policy.py)
     cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache

@@ -57,9 +57,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
     p.add_argument("--draft-policy", nargs="+", default=[DEFAULT_POLICY], choices=list(POLICIES), metavar="P",
-                   help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
-                        "that pay for their rows, from the draft's calibrated confidence and the measured cost of "
-                        "rows; 'always' every one (engine/draft_policy.py); several: each draft row under each")
+                   help="how much of each drafted window the target verifies: 'always' (default) every one; "
+                        "'adaptive' the candidates that pay for their rows, from the draft's calibrated confidence "
+                        "and the measured cost of rows (engine/draft_policy.py); several: each draft row under each")
     p.add_argument("--reliability", metavar="FILE.svg", default=None,
                    help="write the draft's confidence against observed acceptance (per position, and after the "
                         "adaptive policy's calibration) as an SVG plot, and its data as FILE.json beside it")

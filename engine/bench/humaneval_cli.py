@@ -7,12 +7,15 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.bench.humaneval_report import as_json, markdown, write_results
 from engine.bench.humaneval_tasks import MODES
-from engine.bench.pass_at_1 import HumanEvalSpec, run_pass_at_1
 from engine.catalog import resolve_models
 from engine.console import progress_printer
+
+if TYPE_CHECKING:  # the run imports the engine (OpenVINO) when it runs: train-draft's parser builds without it
+    from engine.bench.pass_at_1 import HumanEvalSpec
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +31,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON (progress on stderr)")
 
 
-def spec_from_args(args: argparse.Namespace) -> HumanEvalSpec:
+def spec_from_args(args: argparse.Namespace) -> "HumanEvalSpec":
     """No --draft: the target alone and its best shipped draft (a catalogue model); 'none' is the target alone."""
     target, drafts = resolve_models(args.target, args.draft or None)
     chosen: list[Path | None]
@@ -36,6 +39,8 @@ def spec_from_args(args: argparse.Namespace) -> HumanEvalSpec:
         chosen = [None if d.lower() == "none" else Path(d) for d in args.draft]
     else:
         chosen = [None] + drafts[:1]
+    from engine.bench.pass_at_1 import HumanEvalSpec
+
     return HumanEvalSpec(target, chosen, list(dict.fromkeys(args.mode)), args.problems or None, args.max_new_tokens,
                          args.device, args.precision, args.timeout, Path(args.out) if args.out else None, args.resume)
 
@@ -61,6 +66,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    from engine.bench.pass_at_1 import run_pass_at_1
+
     result = run_pass_at_1(spec, progress=progress_printer())
     command = command_line(args)
     if spec.out is not None:

@@ -20,7 +20,7 @@ from fixtures.distribution_check import PROMPT, chi2_critical, exact_joint
 from fixtures.tiny_drafts import TRAIN_PROMPTS
 
 PROMPTS = list(TRAIN_PROMPTS[:4])
-GREEDY = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+GREEDY = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_policy=ADAPTIVE)  # opt-in: the policy under test
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +102,8 @@ def test_greedy_output_is_the_targets_whatever_the_policy_verifies(request, alon
     draft, k = _draft(request, name)
     cfg = GREEDY.copy(markov_head_top_k=k)
     ref = [alone.generate(p, cfg, chat=False).token_ids for p in PROMPTS]
-    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
-    assert pipe.scheduler.draft_policy == ADAPTIVE  # the default
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32",
+                                    scheduler=SchedulerConfig(draft_policy=ADAPTIVE))
     rids, events = _batch(pipe, [cfg] * len(PROMPTS))
     for rid, want in zip(rids, ref):
         assert pipe.result(rid).token_ids == want, f"{name}: request {rid} diverged from the target alone"
@@ -135,7 +135,7 @@ def test_frozen_costs_cheap_rows_verify_all_dear_rows_verify_none(request, alone
         assert opened and all(e.window_proposed > 0 for e in opened)
     pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32",
                                     scheduler=SchedulerConfig(draft_policy=ALWAYS))
-    rids, events = _batch(pipe, [cfg] * len(PROMPTS), together=True)
+    rids, events = _batch(pipe, [cfg.copy(draft_policy=None)] * len(PROMPTS), together=True)
     assert [pipe.result(r).token_ids for r in rids] == ref
     always = [_windows(events[r]) for r in rids]
     assert runs["flat"] == always  # rows free: every drafted candidate verified, as `always` does
@@ -211,7 +211,7 @@ def test_unseeded_sampled_output_follows_the_target_distribution(dspark_trained,
     expected count < 5 pooled; chi-square at a false-alarm rate of 1e-3. The requests carry no seed (a seeded
     one is cut by its own rule); the entropy they draw is made repeatable here."""
     cfg = GenerationConfig(max_new_tokens=4, num_assistant_tokens=2, do_sample=True, temperature=1.0,
-                           ignore_eos=True, markov_head_top_k=8)
+                           ignore_eos=True, markov_head_top_k=8, draft_policy=ADAPTIVE)
     prompt = alone.encode_prompt(PROMPT, chat=False)
     spec = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
     probe: list[tuple[int, list[float]]] = []  # (t1, the first window's confidences)
