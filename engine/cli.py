@@ -298,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-assistant-tokens", type=int, default=None,
-                     help="candidates the draft proposes per step (default: a full block under --draft-policy "
-                          "adaptive, the draft's own count under always)")
+                     help="candidates the draft proposes per step (default: the draft's own count under --draft-policy "
+                          "always, a full block under adaptive)")
     gen.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
                      help="how many drafted candidates the target verifies: 'always' (default) every one, "
                           "'adaptive' the ones that pay for their rows (the text is the same either way)")

@@ -22,9 +22,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=4, help="number of prompts (0: the whole set)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-assistant-tokens", type=int, nargs="+", default=[None], metavar="N",
-                   help="candidates the draft proposes per window, one row each (default: under 'adaptive' a full "
-                        "block: 7 for an 8-row DFlash v1 block, 8 for DSpark; under 'always' the draft's own count, "
-                        "its config's num_assistant_tokens)")
+                   help="candidates the draft proposes per window, one row each (default: under 'always' the draft's "
+                        "own count, its config's num_assistant_tokens; under 'adaptive' a full block: 7 for an "
+                        "8-row DFlash v1 block, 8 for DSpark)")
     p.add_argument("--markov-head-top-k", type=int, nargs="+", default=[None], metavar="K",
                    help="drafts with a Markov head: K of the Top-K scorer, one row each (0 = dense walk, DSpark)")
     p.add_argument("--temperature", type=float, nargs="+", default=[], metavar="T",
