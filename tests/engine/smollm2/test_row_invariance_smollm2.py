@@ -51,7 +51,7 @@ def test_an_empty_sequence_picks_the_one_row_kernel_of_a_split_window(smollm2_ta
     target = PagedTarget(smollm2_target, core, "CPU", compile_properties("CPU", "default"), num_blocks=16,
                          rows="plain")
     assert all_weights_compressed(core.read_model(smollm2_target / "openvino_model.xml"))
-    assert not target.pad_matmul_rows  # int8 weights under dynamic quantization: no dummy row needed
+    assert not target.pad_matmul_rows  # plain rows: as they come, no dummy row
     ids = TextTokenizer(smollm2_target).encode(PROMPTS[0])
     p = len(ids)
     target.blocks.grow(0, p + 3)
@@ -65,7 +65,8 @@ def test_an_empty_sequence_picks_the_one_row_kernel_of_a_split_window(smollm2_ta
     beside_empty = first_row([SeqChunk(0, window[:1], p, 1), SeqChunk(1, [], 0, 0)])
     split = first_row([SeqChunk(0, [t], p + j, 1) for j, t in enumerate(window)] + [SeqChunk(1, [], 0, 0)])
     multi = first_row([SeqChunk(0, window, p, 3)])
-    assert np.array_equal(beside_empty, split)
+    if not target.one_row_matmul_differs:  # where one matmul row is not two's (AVX2), the rows differ there first
+        assert np.array_equal(beside_empty, split)
     assert not np.array_equal(multi, beside_empty)
     if int(target.compiled.get_property("INFERENCE_NUM_THREADS")) > 1:  # one thread: one_bh for a lone row too
         assert not np.array_equal(lone, beside_empty)
