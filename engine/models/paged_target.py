@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
 
 import numpy as np
 import openvino as ov
@@ -119,32 +120,27 @@ class PagedTarget:
             num_blocks = max(1, (cache_size_mb << 20) // block_bytes)
         self.blocks = BlockTable(int(num_blocks), self.block_size)
         self.rows = rows
-        # a one-row matmul computes a row like a many-row one only under dynamic quantization of every weight,
-        # and then only where this CPU's kernels do (below)
-        self.pad_matmul_rows = rows != "plain" and not (compressed and _dynamic_quantization(self.compiled))
         self.scratch_block = self.blocks.num_blocks  # one block past the table's: padding and dummy rows' slots
+        self._caches = [p.get_any_name() for p in caches]
         for port in caches:
             name = port.get_any_name()
-            tensor = ov.Tensor(port.get_element_type(), [self.blocks.num_blocks + 1, *shapes[name]])
-            try:
-                tensor.data[...] = 0  # unused slots are never read; zeros keep garbage out of any reduction
-            except (RuntimeError, TypeError, ValueError):
-                pass  # element types numpy cannot view (bf16); the plugin never reads unwritten slots
-            self.request.set_tensor(name, tensor)
+            shape = [self.blocks.num_blocks + 1, *shapes[name]]
+            self.request.set_tensor(name, ov.Tensor(port.get_element_type(), shape))
+        self._zero_cache(...)
         self.inputs = BoundInputs(self.request)
         self.inferences = 0
-        # Whether one matmul row computes like two is the CPU's kernels' choice, not the graph's: with int8
-        # dynamic quantization an AVX-512 VNNI core gives the same row for one and many, an AVX2 core runs
-        # a one-row call through another path. Asked of this machine once, at load.
+        # A one-row matmul computes a row like a many-row one only under dynamic quantization of every weight,
+        # and then only where this CPU's kernels do: an AVX-512 VNNI core gives the same row for one and many,
+        # an AVX2 core runs a one-row call through another path. So the machine is asked once, at load.
         self.one_row_matmul_differs = not (compressed and _dynamic_quantization(self.compiled)) \
             or self._one_row_call_differs()
-        self.pad_matmul_rows = self.pad_matmul_rows or (rows != "plain" and self.one_row_matmul_differs)
-        self.inferences = 0
+        self.pad_matmul_rows = rows != "plain" and self.one_row_matmul_differs
+        self.inferences = 0  # the probe's two are not the engine's
 
     def _one_row_call_differs(self) -> bool:
         """One generated row scored alone and beside a dummy row (two matmul rows): are its logits apart?
         Two inferences on a block outside every request, zeroed again after."""
-        seq, keep, layout = -2, self.pad_matmul_rows, self.rows
+        seq, layout = -2, self.rows
         (block,) = self.blocks.grow(seq, 1)
         self.rows = "split"  # the row beside an empty sequence (and the dummy row), as a split decode lays it out
         try:
@@ -154,18 +150,19 @@ class PagedTarget:
             self.pad_matmul_rows = True
             paired = np.array(self._infer(chunk, want_logits=True).logits[0])
         finally:
-            self.pad_matmul_rows, self.rows = keep, layout
+            self.rows = layout
             self.blocks.release(seq)
-            self._zero_block(block)
+            self._zero_cache(block)
         return not np.array_equal(alone, paired)
 
-    def _zero_block(self, block: int) -> None:
-        for port in self.compiled.inputs:
-            if port.get_any_name().startswith(("key_cache.", "value_cache.")):
-                try:
-                    self.request.get_tensor(port.get_any_name()).data[block] = 0
-                except (RuntimeError, TypeError, ValueError):
-                    pass  # element types numpy cannot view: the plugin never reads unwritten slots
+    def _zero_cache(self, index: int | EllipsisType) -> None:
+        """Zero the KV cache at `index` (... for all of it): unused slots are never read, and zeros keep
+        garbage out of any reduction."""
+        for name in self._caches:
+            try:
+                self.request.get_tensor(name).data[index] = 0
+            except (RuntimeError, TypeError, ValueError):
+                pass  # element types numpy cannot view (bf16); the plugin never reads unwritten slots
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
         """One inference for every chunk (two when a chunk holds prompt and generated rows); the caller has
