@@ -165,15 +165,16 @@ def test_tokenizer_from_gguf_matches_independent_bpe() -> None:
 
 
 @pytest.mark.slow
-def test_prepare_default_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real build (about 1.5 min on 2 cores): GGUF -> HF -> int8 IR, sanity answer, skip, damage."""
-    _gguf_or_skip()
-    monkeypatch.setenv("DFLASH_STUDIO_HOME", str(tmp_path))
+def test_prepare_default_end_to_end(smollm2_fresh_build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real build (about 1.5 min on 2 cores, the session's one: tests/engine/conftest.py): GGUF -> HF ->
+    int8 IR, sanity answer, skip, damage (on a copy: other tests load the build)."""
+    import shutil
+
+    monkeypatch.setenv("DFLASH_STUDIO_HOME", str(smollm2_fresh_build.home))
     from engine.export.target import check_target_folder
     from engine.models.hidden_taps import read_annotation
 
-    fractions: list[float] = []
-    target = prepare.prepare_default(progress=lambda m, f: fractions.append(f))
+    target, fractions = smollm2_fresh_build.target, smollm2_fresh_build.fractions
     check_target_folder(target)
     assert is_prepared(target) and is_prepared(prepare.default_hf_dir())
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
@@ -189,9 +190,11 @@ def test_prepare_default_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert prepare.prepare_default() == target
     assert time.perf_counter() - started < 10, "a prepared target must be reused"
 
-    with open(target / "openvino_model.bin", "r+b") as fh:
+    copy = Path(shutil.copytree(target, tmp_path / target.name))
+    assert is_prepared(copy)
+    with open(copy / "openvino_model.bin", "r+b") as fh:
         fh.seek(1000)
         byte = fh.read(1)
         fh.seek(1000)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    assert not is_prepared(target)
+    assert not is_prepared(copy)

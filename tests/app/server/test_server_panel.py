@@ -10,6 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes 
 import json
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -36,12 +37,21 @@ def _free_port() -> int:
 def app_parts(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_STUDIO_HOME", str(tmp_path / "home"))
     shared_steps: list[int] = []
+    both_in = threading.Event()  # the engine holds its first request until the second one is in (<= 30 s)
 
     def loader(target, draft=None, device="CPU", **kw):
         pipe = default_loader(target, draft, device=device, precision="f32")
         step = pipe.step
+        deadline: list[float] = []
 
         def counted_step():
+            if not both_in.is_set():
+                deadline[:] = deadline or [time.monotonic() + 30]
+                if len(pipe._running) + len(pipe._waiting) >= 2 or time.monotonic() > deadline[0]:
+                    both_in.set()
+                else:
+                    time.sleep(0.002)
+                    return []  # the worker takes queued requests before its next step
             events = step()
             shared_steps.append(len(pipe.last_step.requests))
             return events

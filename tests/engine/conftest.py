@@ -1,0 +1,82 @@
+"""The embedded default target (SmolLM2-135M-Instruct, int8 IR) for the engine tests that need a real model.
+
+Uses the user's prepared copy when it is complete; otherwise the one `prepare_default()` builds under
+pytest's tmp path in this session (about 1.5 min, once), which is also what the end-to-end test of
+`prepare` checks (tests/engine/test_prepare.py): one real build per test run, not two.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+
+@dataclass
+class FreshBuild:
+    """A `prepare_default()` run of this session: its data folder, target folder and progress fractions."""
+
+    home: Path
+    target: Path
+    fractions: list[float]
+
+
+@contextmanager
+def data_folder(home: Path) -> Iterator[None]:
+    """DFLASH_STUDIO_HOME set to `home` for the block, restored after."""
+    old = os.environ.get("DFLASH_STUDIO_HOME")
+    os.environ["DFLASH_STUDIO_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DFLASH_STUDIO_HOME")
+        else:
+            os.environ["DFLASH_STUDIO_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def smollm2_fresh_build(tmp_path_factory: pytest.TempPathFactory) -> FreshBuild:
+    from engine.errors import ModelFolderError
+    from engine.prepare import find_gguf, prepare_default
+
+    try:
+        find_gguf()
+    except ModelFolderError as exc:
+        pytest.skip(str(exc))
+    home = tmp_path_factory.mktemp("dflash-home")
+    fractions: list[float] = []
+    with data_folder(home):
+        target = prepare_default(progress=lambda message, fraction: fractions.append(fraction))
+    return FreshBuild(home, target, fractions)
+
+
+@pytest.fixture(scope="session")
+def smollm2_target(request: pytest.FixtureRequest) -> Path:
+    from engine.paths import default_target_dir
+    from engine.prepare import is_prepared
+
+    prepared = default_target_dir()
+    if is_prepared(prepared):
+        return prepared
+    return request.getfixturevalue("smollm2_fresh_build").target
+
+
+@pytest.fixture(scope="session")
+def smollm2_random_draft(tmp_path_factory: pytest.TempPathFactory, smollm2_target: Path) -> Path:
+    """An untrained 1-layer DFlash draft of SmolLM2's dimensions (block 8): exercises shapes, not acceptance."""
+    import torch
+
+    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
+    from engine.export.draft import export_draft
+
+    cfg = json.loads((smollm2_target / "config.json").read_text())
+    dcfg = random_draft_config(cfg, 1, 8, [1, 14, 27], 0)
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("smollm2-random-draft")
+    ckpt = save_checkpoint(DFlashV1Draft(dcfg), dcfg, root / "hf")
+    return export_draft(ckpt, root / "ov")
