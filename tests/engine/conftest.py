@@ -66,6 +66,15 @@ def smollm2_target(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue("smollm2_fresh_build").target
 
 
+@pytest.fixture
+def smollm2_home(smollm2_target: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """DFLASH_STUDIO_HOME set, for the test, to the data folder SmolLM2 was prepared in (its shipped drafts
+    exported beside it), so that default_target_dir() and best_draft_dir() find that build."""
+    home = smollm2_target.parents[1]
+    monkeypatch.setenv("DFLASH_STUDIO_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def smollm2_random_draft(tmp_path_factory: pytest.TempPathFactory, smollm2_target: Path) -> Path:
     """An untrained 1-layer DFlash draft of SmolLM2's dimensions (block 8): exercises shapes, not acceptance."""

@@ -86,14 +86,12 @@ def test_load_8_threads_x_4_requests(served, reference, capsys):
 
 
 @pytest.mark.smollm2
-def test_load_on_the_embedded_model(capsys):
+def test_load_on_the_embedded_model(capsys, smollm2_home):
     """The same load on SmolLM2 with its best shipped draft: the aggregate tok/s in docs/serving.md."""
     from engine.paths import best_draft_dir, default_target_dir
-    from engine.markers import is_prepared
     from serve_helpers import start_server
 
-    if not is_prepared(default_target_dir()) or best_draft_dir() is None:
-        pytest.skip("the embedded default is not prepared (dflash-studio prepare)")
+    assert best_draft_dir() is not None, "prepare exports the shipped drafts beside the target"
     s = start_server(default_target_dir(), best_draft_dir())
     try:
         prompts = ("Write a Python function that reverses a string.", "Explain what a hash map is.",

@@ -89,13 +89,10 @@ def test_refusals_say_what_to_pass(tmp_path, tiny_qwen3_hf, tiny_llama_hf, tiny_
 @pytest.mark.smollm2
 @pytest.mark.parametrize("name, arch", [("smollm2-dspark-b8", "Qwen3DSparkModel"),
                                         ("smollm2-dflash2-b8", "DFlash2DraftModel")])
-def test_shipped_dspark_and_dflash2_round_trip(tmp_path, name, arch):
+def test_shipped_dspark_and_dflash2_round_trip(tmp_path, smollm2_home, name, arch):
     from engine.export.serving import RESOURCES_DRAFTS, resolve_target
     from engine.paths import default_target_dir
-    from engine.markers import is_prepared
 
-    if not is_prepared(default_target_dir()):
-        pytest.skip("the embedded default is not prepared (dflash-studio prepare)")
     target = default_target_dir()
     prompts = ["def fibonacci(n):\n    ", "The three primary colours are"]
     served = _round_trip(tmp_path, target, resolve_target(target), RESOURCES_DRAFTS / name, "vllm", prompts)
