@@ -49,6 +49,7 @@ class StepEvent:
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "cancelled"
     timings: StepTimings = field(default_factory=StepTimings)
     confidence: list[float] | None = None  # per drafted position, drafts with a confidence head
+    peak: list[float] | None = None  # per drafted position, the draft distribution's largest probability there
     logprobs: list[float] | None = None  # target log-probability of each committed token (logits requests)
     produced: int = 0  # tokens the step produced before stop rules cut them (an EOS counts)
     # Set only on the step that completes a validation window (a split window spans several steps):

@@ -85,7 +85,8 @@ class _Request:
     window_proposed: int = 0  # candidates the draft proposed for the window (the policy may verify fewer)
     window_chances: list[float] | None = None  # the policy's P(accepted | the ones before) per verified candidate
     proposals: list[Dist] = field(default_factory=list)  # the draft distributions of c1..cN (sampled)
-    confidence: list[float] | None = None
+    confidence: list[float] | None = None  # the draft's confidence head, per candidate (shown in the app)
+    peak: list[float] = field(default_factory=list)  # the draft's peak probability per candidate (the policy's signal)
     context: list[np.ndarray] = field(default_factory=list)  # target rows not yet in the draft's state
     stops: StopStrings = field(default_factory=lambda: StopStrings(()))  # decoded text not shown yet
     t_first: float = 0.0
@@ -486,7 +487,7 @@ class SpeculativePipeline:
                 continue
             n = len(req.window) - 1
             seeded = req.reproducible
-            chances = self.policy.chances(n, req.config.do_sample, req.confidence, req.metrics.positions, seeded)
+            chances = self.policy.chances(n, req.config.do_sample, req.peak, req.metrics.positions, seeded)
             req.window_chances = chances
             if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
                 m = self.policy.choose_reproducible(chances, padded)
@@ -611,6 +612,7 @@ class SpeculativePipeline:
             n = req.next_candidates() if self.drafts is not None else 0
             req.window, req.window_pos, req.window_accepted, req.window_steps = [req.anchor], 0, 0, 0
             req.proposals, req.confidence, req.window_proposed, req.window_chances = [], None, 0, None
+            req.peak = []
             if n == 0:
                 continue
             context = np.concatenate(req.context) if req.context else np.zeros((0, self.drafts.info.context_width),
@@ -630,7 +632,7 @@ class SpeculativePipeline:
         timings.sampling_ms = timings.draft_step_ms - timings.draft_model_ms - head_ms
         for req, d in zip(owners, got):
             req.window = [req.anchor] + d.tokens
-            req.proposals, req.confidence = d.proposals, d.confidence
+            req.proposals, req.confidence, req.peak = d.proposals, d.confidence, d.peak
             req.window_proposed = len(d.tokens)
             if self.cache is not None and hasattr(self.drafts, "export"):
                 self._keep_draft_kv(req)
@@ -691,8 +693,9 @@ class SpeculativePipeline:
         req.window_steps += 1
         done = rejected or bonus
         confidence = req.confidence[pos: pos + len(seg)] if req.confidence else None
+        peak = req.peak[pos: pos + len(seg)] or None
         event = self._commit(req, seg, tokens, acc, timings, logprobs)
-        event.confidence = confidence
+        event.confidence, event.peak = confidence, peak
         event.window_proposed = req.window_proposed
         if done or event.finished:
             if len(window) > 1 or req.window_proposed:  # a window the policy verified none of counts too
@@ -702,7 +705,7 @@ class SpeculativePipeline:
                 if done and self.policy is not None:
                     verified = len(window) - 1
                     self.policy.observe_window(req.config.do_sample, verified, req.window_accepted,
-                                               req.confidence[:verified] if req.confidence else None,
+                                               req.peak[:verified] or None,
                                                req.window_chances[:verified] if req.window_chances else None)
             req.window = None
         return event

@@ -22,6 +22,8 @@ from engine.drafting.draft_batch import DraftBatch, DraftCall, DraftRows
 from engine.sampling.distribution import Dist
 from engine.sampling.processors import LogitsProcessor
 
+PEAK_TOP_K = 8  # a draft without a scorer still asks its graph for this many best logits per row: their peak
+
 
 @dataclass
 class Drafted:
@@ -29,6 +31,9 @@ class Drafted:
     proposals: list[Dist] = field(default_factory=list)  # the distribution each token was drawn from (sampled)
     head_ms: float = 0.0
     confidence: list[float] | None = None
+    # Per position, the largest probability of the distribution the token there was chosen from (before it
+    # was chosen: it depends on the tokens drafted before, never on the token itself): how sure the draft is.
+    peak: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -55,10 +60,16 @@ def _softmax(x: np.ndarray, temperature: float) -> np.ndarray:
     return z / z.sum()
 
 
+def _peak(logits: np.ndarray) -> float:
+    """The largest softmax probability of a row of logits (at temperature 1; -inf entries count as 0)."""
+    z = np.asarray(logits, np.float64)
+    return float(1.0 / np.exp(z - z.max()).sum())
+
+
 def draft_candidates(batch: DraftBatch, jobs: list[DraftJob]) -> tuple[list[Drafted], float]:
     """Run the backbone once for all jobs and choose their candidates; returns (per job, head ms)."""
     info = batch.info
-    k_max = max((j.top_k if info.has_head and j.top_k > 0 else 1) for j in jobs)
+    k_max = max((j.top_k if info.has_head and j.top_k > 0 else PEAK_TOP_K) for j in jobs)
     rows = batch.run([j.call for j in jobs], k_max)
     out: list[Drafted | None] = [None] * len(jobs)
     head_ms = 0.0
@@ -85,12 +96,13 @@ def draft_candidates(batch: DraftBatch, jobs: list[DraftJob]) -> tuple[list[Draf
 
 
 def _unary(job: DraftJob, rows: DraftRows) -> Drafted:
-    if job.sampling is None:
-        return Drafted([int(t) for t in rows.topk_ids[:, 0]])
+    if job.sampling is None:  # the peak over the row's best PEAK_TOP_K logits (the rest of the row adds little)
+        return Drafted([int(t) for t in rows.topk_ids[:, 0]], peak=[_peak(r) for r in rows.topk_logits])
     logits = rows.logits()
     out = Drafted([])
     for j in range(rows.n):
         q = job.sampling.processor.distribution(logits[j], out.tokens)
+        out.peak.append(float(q.probs.max()))
         out.tokens.append(q.sample(job.sampling.rng.random()))
         out.proposals.append(q)
     return out
@@ -125,8 +137,10 @@ def _topk_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows], 
             edge = r.topk_logits[p, :k] + bias[at + p, prev, :k]
             if job.sampling is None:
                 j = int(np.argmax(edge))
+                d.peak.append(_peak(edge))
             else:
                 q = Dist(_softmax(edge, job.sampling.temperature), cand[p, :k].copy())
+                d.peak.append(float(q.probs.max()))
                 j = int(np.flatnonzero(q.ids == q.sample(job.sampling.rng.random()))[0])
                 d.proposals.append(q)
             d.tokens.append(int(cand[p, j]))
@@ -160,8 +174,10 @@ def _dense_walks(batch: DraftBatch, jobs: list[DraftJob], rows: list[DraftRows])
             sampling = jobs[i].sampling
             if sampling is None:
                 prev[i] = int(np.argmax(row))
+                out[i].peak.append(_peak(row))
             else:
                 q = sampling.processor.distribution(row, out[i].tokens)
+                out[i].peak.append(float(q.probs.max()))
                 prev[i] = q.sample(sampling.rng.random())
                 out[i].proposals.append(q)
             out[i].tokens.append(prev[i])

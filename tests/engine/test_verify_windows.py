@@ -203,30 +203,31 @@ def test_a_seeded_sampled_request_gives_the_same_text_in_any_batch(request, tiny
 def test_unseeded_sampled_output_follows_the_target_distribution(dspark_trained, alone, tiny_qwen3_target,
                                                                  monkeypatch) -> None:
     """Goodness of fit of (t2, t3) given the most frequent t1 against the exact target distribution, with windows
-    of 2 sampled candidates cut to 0, 1 or 2 by the policy from the candidates' confidences: the second one's
-    confidence reads the first candidate (the Markov confidence head), so whether the first is verified alone
-    depends on what was drafted before the second, never on the second itself. A sharp calibration (the tiny
-    draft's confidences are nearly flat) cuts after the first candidate when the second's confidence is low: the
-    rarer cut, as this draft mostly proposes one first candidate after the usual t1. 1,500 runs; categories with
+    of 2 sampled candidates cut to 0, 1 or 2 by the policy from the candidates' peak probabilities: the second
+    one's proposal is scored after the first candidate (the Markov head's edges), so whether the first is verified
+    alone depends on what was drafted before the second, never on the second itself. A sharp calibration cuts
+    after the first candidate when the second's peak is not its usual one (this draft mostly proposes one first
+    candidate after the usual t1, so that is the rarer cut). 1,500 runs; categories with
     expected count < 5 pooled; chi-square at a false-alarm rate of 1e-3. The requests carry no seed (a seeded
     one is cut by its own rule); the entropy they draw is made repeatable here."""
     cfg = GenerationConfig(max_new_tokens=4, num_assistant_tokens=2, do_sample=True, temperature=1.0,
                            ignore_eos=True, markov_head_top_k=8, draft_policy=ADAPTIVE)
     prompt = alone.encode_prompt(PROMPT, chat=False)
     spec = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
-    probe: list[tuple[int, list[float]]] = []  # (t1, the first window's confidences)
+    probe: list[tuple[int, list[float]]] = []  # (t1, the first window's peak probabilities)
     for seed in range(200):
         events = []
         res = spec.generate(prompt, cfg.copy(rng_seed=seed, draft_policy=ALWAYS), on_event=events.append)
-        probe.append((res.token_ids[0], next(e for e in events if e.window_proposed).confidence))
+        probe.append((res.token_ids[0], next(e for e in events if e.window_proposed).peak))
     usual, _ = Counter(t for t, _ in probe).most_common(1)[0]
-    second = sorted(c[1] for t, c in probe if t == usual)  # few distinct values: the first candidate has few
-    balance = max(set(second), key=lambda v: min(sum(x < v for x in second), sum(x >= v for x in second)))
-    cut = [float(np.quantile([c[0] for _, c in probe], 0.1)), balance]
+    second = Counter(c[1] for t, c in probe if t == usual)  # few distinct values: the first candidate has few
+    usual_second = second.most_common(1)[0][0]
+    first_cut = float(np.quantile([c[0] for _, c in probe], 0.1))
 
     class Sharp(FrozenPolicy):
-        def chances(self, n, sampled, confidence, history, reproducible=False):
-            return [0.9 if c >= cut[min(j, 1)] else 0.1 for j, c in enumerate(confidence[:n])]
+        def chances(self, n, sampled, peak, history, reproducible=False):
+            keep = [peak[0] >= first_cut] + [abs(c - usual_second) < 1e-9 for c in peak[1:n]]
+            return [0.9 if k else 0.1 for k in keep]
 
     spec.policy = Sharp(lambda r: 10.0 + 3.0 * r)  # a 0.9 survival pays its row, a 0.1 one does not
     entropy = iter(range(10_000, 20_000))
