@@ -39,6 +39,7 @@ at every load; until then its measured-cost choice also makes decode steps depen
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
@@ -148,7 +149,8 @@ class Calibration:
     the map itself, docs/batching.md). The maps are rebuilt after every `refresh_every` windows (a
     lookup is a few list reads: the policy makes one per drafted candidate per step)."""
 
-    bins: int = 10
+    bins: int = 16
+    span_bits: float = 10.0  # bins are even in -log2(1 - confidence) up to this many bits (p = 0.999)
     positions: int = 16  # positions beyond share the last one's counts
     prior_weight: float = 20.0
     position_weight: float = 20.0
@@ -177,7 +179,13 @@ class Calibration:
                         [sum(c[b] for c in self.conf_sum) for b in range(self.bins)])
 
     def _bin(self, c: float) -> int:
-        return min(self.bins - 1, max(0, int(c * self.bins)))
+        """Bins even in bits of certainty, -log2(1 - c): a draft is often 95 % or 99.5 % sure, and those
+        accept differently (even bins in c would pool them)."""
+        bits = -math.log2(max(1.0 - c, 2.0 ** -self.span_bits))
+        return min(self.bins - 1, max(0, int(bits / self.span_bits * self.bins)))
+
+    def _bin_center(self, b: int) -> float:
+        return 1.0 - 2.0 ** (-(b + 0.5) * self.span_bits / self.bins)
 
     def _pos(self, j: int) -> int:
         return min(j, self.positions - 1)
@@ -205,7 +213,7 @@ class Calibration:
             self._maps.clear()
 
     def _center(self, reached: int, conf_sum: float, b: int) -> float:
-        return conf_sum / reached if reached else (b + 0.5) / self.bins
+        return conf_sum / reached if reached else self._bin_center(b)
 
     def _map(self, p: int) -> tuple[list[float], list[float]]:
         if p in self._maps:

@@ -194,8 +194,9 @@ class SpeculativePipeline:
                                          + "\n- ".join(reasons))
             taps = info.target_layer_ids
         try:
+            largest_call = scheduler.max_num_batched_tokens + scheduler.max_num_seqs  # padding rows included
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb, rows=row_mode(device))
+                                 scheduler.cache_size_mb, rows=row_mode(device), max_call_rows=largest_call)
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "

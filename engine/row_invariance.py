@@ -9,6 +9,8 @@ compile setting, the largest logit difference from the one-row decode:
 - `window-k`: the continuation in windows of k rows (a verify of k-1 candidates);
 - `batch-k`: the same windows, each call shared with other requests (one decoding a row per call,
   one verifying 3-row windows, one prefilling a long prompt in chunks);
+- `prefill-k`: the same windows, each call shared with a request prefilling a 160-row chunk (more rows than
+  the target lets one call hold: the target splits the call, as the engine's calls are split);
 - `chunked-c`: the prompt prefilled in chunks of c rows, then decoded a row per call;
 - `recompute-c`: the prompt and the continuation fed in chunks of c rows, as a preempted request
   is recomputed (a chunk can hold prompt rows and generated rows).
@@ -33,6 +35,7 @@ import openvino as ov
 from engine.models.paged_target import ROW_MODES, PagedTarget, SeqChunk
 from engine.models.properties import compile_properties, row_mode
 from engine.models.tokenizer import TextTokenizer
+from engine.scheduler import SchedulerConfig
 
 PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number (0, 1, 1, 2, ...).\"\"\"\n",
@@ -42,6 +45,8 @@ NEIGHBOUR_PROMPT = ("Write a short story about a lighthouse keeper who finds a m
                     "The keeper has lived alone for thirty years and the message is addressed to him. ") * 3
 _SEQ, _NEIGHBOURS = 0, (1, 2, 3)
 _NEIGHBOUR_CAP = 400  # a neighbour starts over past this many tokens
+_LONG_CHUNK = 160  # rows of the prefill a `prefill-k` window shares its call with
+_LARGEST_CALL = SchedulerConfig.max_num_batched_tokens + SchedulerConfig.max_num_seqs  # the engine's default
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Setting:
     name: str
     properties: dict[str, str]
     rows: str
+    max_call_rows: int = _LARGEST_CALL  # the largest call the target is told of (0: calls of any size, no probe)
 
 
 @dataclass
@@ -145,6 +151,10 @@ class _Scorer:
                 chunks = [SeqChunk(_SEQ, window, p + s, len(window), prompt_rows=0)]
                 if neighbours is not None:
                     chunks += self._neighbour_chunks(neighbours)
+                if layout == "prefill":
+                    long = [self.neighbour_ids[j % len(self.neighbour_ids)] for j in range(_LONG_CHUNK)]
+                    self.t.blocks.release(_NEIGHBOURS[-1])
+                    chunks.append(SeqChunk(_NEIGHBOURS[-1], long, 0, 1))
                 rows.extend(self._infer(chunks)[0])
         finally:
             for seq in (_SEQ, *_NEIGHBOURS):
@@ -204,7 +214,8 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
     for setting in settings:
         if progress:
             progress(setting.name)
-        target = PagedTarget(target_dir, core, device, setting.properties, rows=setting.rows, num_blocks=96)
+        target = PagedTarget(target_dir, core, device, setting.properties, rows=setting.rows, num_blocks=96,
+                             max_call_rows=setting.max_call_rows)
         if forced is None:  # the first setting's greedy tokens are scored everywhere: the same positions
             forced = [greedy_continuation(target, p, tokens) for p in encoded]
         scorer = _Scorer(target, neighbour)
@@ -221,8 +232,8 @@ def measure(target_dir: Path, settings: list[Setting], prompts: list[str], token
             res.vs_first_setting = max(float(np.abs(a - b).max()) for a, b in zip(ref, first_decode[precision_key]))
         else:
             first_decode[precision_key] = ref
-        plan = ([("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("chunked", c) for c in chunks]
-                + [("recompute", c) for c in chunks])
+        plan = ([("window", k) for k in rows] + [("batch", k) for k in (1, *rows)] + [("prefill", max(rows))]
+                + [("chunked", c) for c in chunks] + [("recompute", c) for c in chunks])
         for layout, k in plan:
             diff, equal, n, flips, secs, cpu, calls = 0.0, 0, 0, 0, 0.0, 0.0, 0
             for p, ids, r in zip(encoded, forced, ref):
@@ -259,10 +270,12 @@ def format_results(results: list[SettingResult]) -> str:
 
 
 def _parse_setting(text: str, device: str) -> Setting:
-    """'name:KEY=VALUE,KEY=VALUE[,rows=MODE]' on top of the default properties."""
+    """'name:KEY=VALUE,KEY=VALUE[,rows=MODE][,calls=N]' on top of the default properties (calls: the largest call
+    the target is told of; 0 lets calls be of any size)."""
     name, _, body = text.partition(":")
     props = compile_properties(device, "default")
     rows = row_mode(device)
+    calls = _LARGEST_CALL
     for item in filter(None, body.split(",")):
         key, eq, value = item.partition("=")
         if not eq:
@@ -272,9 +285,13 @@ def _parse_setting(text: str, device: str) -> Setting:
             if value not in ROW_MODES:
                 raise ValueError(f"--setting {text!r}: rows={value!r} is not one of {', '.join(ROW_MODES)}.")
             rows = value
+        elif key == "calls":
+            if not value.isdigit():
+                raise ValueError(f"--setting {text!r}: calls={value!r} is not a whole number of rows (0: any size).")
+            calls = int(value)
         else:
             props[key] = value
-    return Setting(name or body, props, rows)
+    return Setting(name or body, props, rows, calls)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

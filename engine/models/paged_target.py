@@ -48,6 +48,7 @@ from engine.models.target import edit_target_graph
 PA_INPUTS = ("input_ids", "position_ids", "past_lens", "subsequence_begins", "block_indices",
              "block_indices_begins", "max_context_len", "logits_indices")
 ROW_MODES = ("split", "padded", "plain")
+CALL_ROWS = 64  # rows per call at most on CPU: prefill is as fast in 64-row chunks there (docs/engine.md)
 
 
 @dataclass
@@ -84,7 +85,7 @@ class PagedTarget:
 
     def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
-                 cache_size_mb: int = 512, rows: str = "split") -> None:
+                 cache_size_mb: int = 512, rows: str = "split", max_call_rows: int = 0) -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
         if rows not in ROW_MODES:
@@ -135,7 +136,11 @@ class PagedTarget:
         self.one_row_matmul_differs = not (compressed and _dynamic_quantization(self.compiled)) \
             or self._one_row_call_differs()
         self.pad_matmul_rows = rows != "plain" and self.one_row_matmul_differs
-        self.inferences = 0  # the probe's two are not the engine's
+        # Past some number of rows a call's matmuls take another kernel on some CPUs (an AVX2 core: over 80
+        # rows), so a row would depend on how many rows share its call: calls are kept to CALL_ROWS rows, or
+        # fewer where the machine says so at load (None: the caller's largest call is within what agrees).
+        self.call_rows: int | None = self._call_row_limit(max_call_rows) if rows != "plain" else None
+        self.inferences = 0  # the probes' are not the engine's
 
     def _one_row_call_differs(self) -> bool:
         """One generated row scored alone and beside a dummy row (two matmul rows): are its logits apart?
@@ -155,6 +160,41 @@ class PagedTarget:
             self._zero_cache(block)
         return not np.array_equal(alone, paired)
 
+    def _call_row_limit(self, largest: int) -> int | None:
+        """The most rows a call may hold (None: `largest`, the caller's largest call, is fine): a generated row
+        scored beside a prompt chunk that fills a call of min(largest, CALL_ROWS) rows, then of half as many
+        until the row is the same as beside nothing. Kernels switch at a size, so a call that agrees vouches
+        for the smaller ones (and probing a large call at every load would cost a long prefill). Inferences on
+        blocks outside every request (the cache's size bounds the probe), zeroed after."""
+        largest = min(largest, (self.blocks.num_blocks - 1) * self.blocks.block_size)
+        if largest <= 2:
+            return None
+        seq, other = -2, -3
+        self.blocks.grow(seq, 1)
+        try:
+            alone = self._probe_row([])
+            size = min(largest, CALL_ROWS)
+            while size > 2:
+                self.blocks.grow(other, size - 1)
+                try:
+                    beside = self._probe_row([SeqChunk(other, list(range(1, size)), 0, 1)])
+                finally:
+                    for b in self.blocks.blocks(other):
+                        self._zero_cache(b)
+                    self.blocks.release(other)
+                if np.array_equal(alone, beside):
+                    return None if size >= largest else size
+                size //= 2
+            return 2
+        finally:
+            for b in self.blocks.blocks(seq):
+                self._zero_cache(b)
+            self.blocks.release(seq)
+
+    def _probe_row(self, beside: list[SeqChunk]) -> np.ndarray:
+        chunk = SeqChunk(-2, [0], 0, 1, prompt_rows=0)
+        return np.array(self._infer([chunk, *beside], want_logits=True).logits[0])
+
     def _zero_cache(self, index: int | EllipsisType) -> None:
         """Zero the KV cache at `index` (... for all of it): unused slots are never read, and zeros keep
         garbage out of any reduction."""
@@ -165,28 +205,54 @@ class PagedTarget:
                 pass  # element types numpy cannot view (bf16); the plugin never reads unwritten slots
 
     def infer(self, chunks: list[SeqChunk], want_logits: bool = False) -> BatchOutput:
-        """One inference for every chunk (two when a chunk holds prompt and generated rows); the caller has
-        grown each chunk's blocks to past + len(ids)."""
-        mixed = [i for i, c in enumerate(chunks) if self.rows == "split" and c.prompt_rows is not None
-                 and 0 < c.prompt_rows < len(c.ids)]
-        if not mixed:
+        """One inference for every chunk, or several where one would make a row depend on its neighbours: a
+        chunk with prompt and generated rows runs its prompt rows first, and a call is kept to `call_rows` rows
+        (a longer chunk is split in order, each part in a later inference). The caller has grown each chunk's
+        blocks to past + len(ids)."""
+        pieces = [self._pieces(c) for c in chunks]
+        if all(len(p) == 1 for p in pieces) and self._fits(chunks):
             return self._infer(chunks, want_logits)
-        heads = []
-        rest = list(chunks)
-        for i in mixed:
-            c = chunks[i]
-            m, g = c.prompt_rows, len(c.ids) - c.prompt_rows
-            heads.append(SeqChunk(c.seq, c.ids[:m], c.past, max(0, c.logit_rows - g)))
-            rest[i] = SeqChunk(c.seq, c.ids[m:], c.past + m, min(c.logit_rows, g), prompt_rows=0)
-        first = self._infer(heads, want_logits)
-        first = BatchOutput(*([None if x is None else x.copy() for x in part] for part in
-                              (first.next_ids, first.logits, first.hidden)))  # the next call overwrites them
-        out = self._infer(rest, want_logits)
-        for j, i in enumerate(mixed):
-            for part, head in ((out.next_ids, first.next_ids), (out.logits, first.logits), (out.hidden, first.hidden)):
-                if part[i] is not None:
-                    part[i] = np.concatenate([head[j], part[i]])
-        return out
+        parts: list[list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]] = [[] for _ in chunks]
+        while any(pieces):
+            call: list[SeqChunk] = []
+            owners: list[int] = []
+            for i, queue in enumerate(pieces):  # at most one piece of a chunk per call: its parts go in order
+                if queue and (not call or self._fits([*call, queue[0]])):
+                    call.append(queue.pop(0))
+                    owners.append(i)
+            out = self._infer(call, want_logits)
+            for j, i in enumerate(owners):  # copies: the next call overwrites the outputs
+                parts[i].append((out.next_ids[j].copy(), None if out.logits[j] is None else out.logits[j].copy(),
+                                 None if out.hidden[j] is None else out.hidden[j].copy()))
+        merged = BatchOutput([], [], [])
+        for got in parts:
+            ids, logits, hidden = zip(*got)
+            merged.next_ids.append(np.concatenate(ids))
+            merged.logits.append(None if logits[0] is None else np.concatenate(logits))
+            merged.hidden.append(None if hidden[0] is None else np.concatenate(hidden))
+        return merged
+
+    def _pieces(self, c: SeqChunk) -> list[SeqChunk]:
+        """The chunk as the parts that go in separate inferences, in order: its prompt rows, then its generated
+        rows (split layout), each cut to fit a call; every part keeps the chunk's last `logit_rows` rows it holds."""
+        n = len(c.ids)
+        m = n if c.prompt_rows is None or self.rows != "split" else c.prompt_rows
+        cuts = sorted({0, n, *([m] if 0 < m < n else [])})
+        if self.call_rows is not None:
+            step = max(1, self.call_rows - 1)  # room for a one-row prompt part's padding row
+            cuts = sorted({x for a, b in zip(cuts, cuts[1:]) for x in range(a, b, step)} | {n})
+        if len(cuts) <= 2:
+            return [c]
+        first_logit = n - c.logit_rows
+        return [SeqChunk(c.seq, c.ids[a:b], c.past + a, max(0, b - max(a, first_logit)),
+                         prompt_rows=None if b <= m and c.prompt_rows is None else (b - a if b <= m else 0))
+                for a, b in zip(cuts, cuts[1:])]
+
+    def _fits(self, chunks: list[SeqChunk]) -> bool:
+        """Whether one call of these chunks stays within `call_rows` rows (padding and dummy rows counted)."""
+        if self.call_rows is None:
+            return True
+        return sum(len(s.ids) for s in self._sequences(chunks)[0]) <= self.call_rows
 
     def _infer(self, chunks: list[SeqChunk], want_logits: bool) -> BatchOutput:
         subs, starts = self._sequences(chunks)

@@ -3,8 +3,9 @@ shares its inference, at the shipped precisions.
 
 The same positions (two prompts' last rows and the target's greedy continuations) are scored one
 row per call, in k-row windows, beside other requests (a one-row decode, a 3-row verify and a
-48-row prefill chunk in every call) and after prefills in 7- and 32-row chunks; every row must be
-bit-identical to the one-row decode's (engine/row_invariance.py, docs/engine.md "Row invariance").
+48-row prefill chunk in every call; a 160-row prefill chunk) and after prefills in 7- and 32-row
+chunks; every row must be bit-identical to the one-row decode's (engine/row_invariance.py,
+docs/engine.md "Row invariance").
 """
 from __future__ import annotations
 
@@ -30,11 +31,23 @@ def test_rows_are_bit_identical_in_windows_batches_and_chunked_prefills(smollm2_
                                                                         precision: str) -> None:
     result = _score(smollm2_target, Setting(precision, compile_properties("CPU", precision), row_mode("CPU")))
     layouts = {r.layout for r in result.layouts}
-    assert {"window-2", "window-8", "batch-1", "batch-8", "chunked-7", "chunked-32", "recompute-7",
+    assert {"window-2", "window-8", "batch-1", "batch-8", "prefill-8", "chunked-7", "chunked-32", "recompute-7",
             "recompute-32"} <= layouts
     for r in result.layouts:
         assert r.rows == 2 * 12
         assert r.max_abs_diff == 0.0 and r.equal_rows == r.rows, r
+
+
+def test_calls_of_any_size_would_change_rows_where_the_target_caps_them(smollm2_target: Path) -> None:
+    """Why the target keeps its calls small: told of no large call, it lets a window share one inference with a
+    160-row prefill; on a CPU whose matmuls take another kernel past some number of rows (an AVX2 core: over
+    80) the window's rows then differ from the decode's."""
+    result = _score(smollm2_target, Setting("calls of any size", compile_properties("CPU", "default"),
+                                            row_mode("CPU"), max_call_rows=0))
+    (prefill,) = [r for r in result.layouts if r.layout == "prefill-8"]
+    if prefill.max_abs_diff == 0.0:
+        pytest.skip("this CPU computes a row alike in calls of up to 169 rows: nothing to show here")
+    assert prefill.equal_rows < prefill.rows
 
 
 def test_one_row_calls_take_another_kernel_in_plain_rows(smollm2_target: Path) -> None:
