@@ -28,10 +28,10 @@ SEED_MAX = 2**31 - 1
 NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. The default is a full block when the "
                      "target verifies what pays, else the draft's own value (its config's num_assistant_tokens).")
 DRAFT_POLICY_LABELS = {ADAPTIVE: "What pays (adaptive)", ALWAYS: "Every drafted token"}
-DRAFT_POLICY_TIP = ("draft_policy: how many of each step's drafted tokens the target checks. “What pays” checks the "
-                    "ones likely enough to be accepted to be worth their cost (the draft's calibrated confidence, "
-                    "the measured cost of the target's rows); “Every drafted token” checks them all. The text is "
-                    "the same either way: only the speed changes.")
+DRAFT_POLICY_TIP = ("draft_policy: how many of each step's drafted tokens the target checks. “What pays” (the "
+                    "default) checks the ones likely enough to be accepted to be worth their cost (how sure the "
+                    "draft was, calibrated, and the measured cost of the target's rows); “Every drafted token” "
+                    "checks them all. The text is the same either way: only the speed changes.")
 _FIELD = re.compile(r"^\s*([a-z_]+)\b")
 
 
@@ -84,7 +84,6 @@ class GenerationPanel(QGroupBox):
         self._errors: dict[str, QLabel] = {}
         self._rows: dict[str, QWidget] = {}
         self._draft_loaded = False
-        self._max_candidates = 0
         self._default_candidates = 0
         self._has_head = False
         self._variant: str | None = None
@@ -124,7 +123,7 @@ class GenerationPanel(QGroupBox):
 
         self.draft_policy = QComboBox()
         self.draft_policy.setObjectName("draftPolicy")
-        for name in (ALWAYS, ADAPTIVE):
+        for name in (ADAPTIVE, ALWAYS):
             self.draft_policy.addItem(DRAFT_POLICY_LABELS[name], name)
         saved = S.get_str(settings, S.K_DRAFT_POLICY, DEFAULT_POLICY)
         self.draft_policy.setCurrentIndex(max(0, self.draft_policy.findData(saved if saved in POLICIES
@@ -303,14 +302,11 @@ class GenerationPanel(QGroupBox):
         return str(self.draft_policy.currentData() or DEFAULT_POLICY)
 
     def _update_num_assistant_default(self) -> None:
-        """The drafted count a request gets when it does not say: a full block when the target verifies what
-        pays (the engine's rule), else the draft's own."""
+        """The drafted count a request gets when it does not say: the draft's own (the engine's rule)."""
         if not self._draft_loaded:
             self.num_assistant.setSpecialValueText("draft's default")
             return
-        if self.policy_name == ADAPTIVE and self._max_candidates:
-            text = f"full block ({self._max_candidates})"
-        elif self._default_candidates:
+        if self._default_candidates:
             text = f"draft's default ({self._default_candidates})"
         else:
             text = "draft's default"
@@ -385,7 +381,6 @@ class GenerationPanel(QGroupBox):
         self._has_head = loaded and has_head
         self._variant = variant if loaded else None
         self._default_top_k = default_top_k
-        self._max_candidates = max_candidates or 0
         self._default_candidates = default_candidates
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)

@@ -298,11 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-assistant-tokens", type=int, default=None,
-                     help="candidates the draft proposes per step (default: the draft's own count under --draft-policy "
-                          "always, a full block under adaptive)")
+                     help="candidates the draft proposes per step (default: the draft's own count)")
     gen.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
-                     help="how many drafted candidates the target verifies: 'always' (default) every one, "
-                          "'adaptive' the ones that pay for their rows (the text is the same either way)")
+                     help="how many drafted candidates the target verifies: 'adaptive' (default) the ones that pay "
+                          "for their rows, 'always' every one (the text is the same either way)")
     gen.add_argument("--markov-head-top-k", type=int, default=None,
                      help="drafts with a Markov head: K of the Top-K scorer (0 = dense walk, DSpark only)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")

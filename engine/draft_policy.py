@@ -2,22 +2,25 @@
 
 Every candidate the target verifies costs a row of the step's one inference; on a CPU a row costs
 real time, and a candidate past the first rejection buys nothing. The draft proposes its block in
-one call; the adaptive policy (`draft_policy="adaptive"`, opt-in) then chooses, for every window
+one call; the adaptive policy (`draft_policy="adaptive"`, the default) then chooses, for every window
 that opens in a step, how far the target checks it, from what is known before the verify call:
 
-* each candidate's chance to be accepted given the ones before it were, π: the draft's own
-  confidence (DSpark's confidence head) mapped through a `Calibration` learned online from the
-  windows this pipeline closed; for drafts without a confidence head, the request's acceptance by
-  position so far (engine/metrics.PositionCounts), from a prior of the pipeline's pooled counts;
+* each candidate's chance to be accepted given the ones before it were, π: how sure the draft was,
+  its peak probability at that position (the largest probability of the distribution the candidate
+  was chosen from, engine/drafting/selector.py), mapped through a `Calibration` learned online from
+  the windows this pipeline closed; without it, the request's acceptance by position so far
+  (engine/metrics.PositionCounts), from a prior of the pipeline's pooled counts. (The peak tells
+  accepted from rejected candidates far better than DSpark's confidence head: docs/batching.md.)
 * the step's cost: the target's milliseconds by rows (`CostTable`, robust to one slow call), plus
   what the step pays whatever is verified (the draft call it just made, the host's own work).
 
 It maximises expected tokens per millisecond of the whole step, all requests together: the
 candidates (request r, position j) are taken in order of their survival a_rj = π_r1 ··· π_rj, and
-admitted while admitting one more raises (tokens) / (ms); the first that does not ends the choice
-(DSpark's scheduler, docs/batching.md). Stopping at the first non-improvement is what keeps sampled
-output exact: whether candidate j is verified depends only on survivals no smaller than a_rj, so
-on the candidates before j (their confidences read the token drafted before), never on candidate j
+admitted while admitting one more raises (tokens) / (ms); with a sampled window in the step, the first
+that does not ends the choice (DSpark's scheduler, docs/batching.md), otherwise the best prefix of that
+order is taken. Stopping at the first non-improvement is what keeps sampled output exact: whether
+candidate j is verified depends only on survivals no smaller than a_rj, so on the candidates before j
+(the peak at j is the distribution's, scored after the token drafted before), never on candidate j
 itself nor later ones, and the rejection sampler's proof holds position by position. Greedy output
 never depends on the choice: every committed token is the target's own.
 
@@ -30,12 +33,15 @@ every request, and at many requests the policy verifies few.
 A sampled request with a fixed seed (`rng_seed`) must give the same text whatever runs beside it,
 and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
 the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
-and the draft's raw confidence or its own acceptance so far, which depend only on its own tokens,
+and the draft's raw peak probabilities or its own acceptance so far, which depend only on its own tokens,
 and it always drafts its full count (a block of another length drafts other candidates).
 
-`always` (the default) verifies every drafted candidate (the fixed-count behaviour: `num_assistant_tokens=n`):
-the adaptive policy becomes the default once the bench shows it at least as fast as the best fixed count
-at every load; until then its measured-cost choice also makes decode steps depend on this machine's timings.
+A target call whose row count differs from the previous call's costs more on a CPU (the plugin prepares every
+node for the new shape): the policy measures that extra and charges a change of row count a share of it, so a
+window length changes when the change pays back over a few steps.
+
+`adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
+`num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.
 """
 from __future__ import annotations
 
@@ -50,9 +56,10 @@ from engine.metrics import PositionCounts
 ALWAYS = "always"
 ADAPTIVE = "adaptive"
 POLICIES = (ADAPTIVE, ALWAYS)
-DEFAULT_POLICY = ALWAYS  # adaptive is opt-in until the bench shows it at least as fast everywhere (docs/benchmarks.md)
+DEFAULT_POLICY = ADAPTIVE  # at least as fast as `always` at every load measured (docs/benchmarks.md)
 REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
 REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
+SWITCH_HORIZON = 4  # steps over which a change of the target's row count pays back its one-off cost
 
 
 def check_policy(name: object, field_name: str = "draft_policy") -> str:
@@ -95,6 +102,8 @@ class CostTable:
     def estimate(self, size: int) -> float:
         if size <= 0 or not self.samples:
             return 0.0
+        if self.counts.get(size, 0) >= 2:  # seen: its own median (a CPU's cost can jump from one size to the next)
+            return self._medians[size]
         if size not in self._cache:
             sizes = self._sizes
             i = bisect_left(sizes, size)
@@ -150,7 +159,7 @@ class Calibration:
     lookup is a few list reads: the policy makes one per drafted candidate per step)."""
 
     bins: int = 16
-    span_bits: float = 10.0  # bins are even in -log2(1 - confidence) up to this many bits (p = 0.999)
+    log_odds: tuple[float, float] = (-4.0, 8.0)  # bins are even in log(c / (1 - c)) over this range
     positions: int = 16  # positions beyond share the last one's counts
     prior_weight: float = 20.0
     position_weight: float = 20.0
@@ -179,13 +188,15 @@ class Calibration:
                         [sum(c[b] for c in self.conf_sum) for b in range(self.bins)])
 
     def _bin(self, c: float) -> int:
-        """Bins even in bits of certainty, -log2(1 - c): a draft is often 95 % or 99.5 % sure, and those
-        accept differently (even bins in c would pool them)."""
-        bits = -math.log2(max(1.0 - c, 2.0 ** -self.span_bits))
-        return min(self.bins - 1, max(0, int(bits / self.span_bits * self.bins)))
+        """Bins even in log-odds: a draft is often 95 % or 99.5 % sure, and those accept differently (even bins
+        in c would pool them)."""
+        lo, hi = self.log_odds
+        c = min(max(c, 1e-9), 1.0 - 1e-9)
+        return min(self.bins - 1, max(0, int((math.log(c / (1.0 - c)) - lo) / (hi - lo) * self.bins)))
 
     def _bin_center(self, b: int) -> float:
-        return 1.0 - 2.0 ** (-(b + 0.5) * self.span_bits / self.bins)
+        lo, hi = self.log_odds
+        return 1.0 / (1.0 + math.exp(-(lo + (b + 0.5) * (hi - lo) / self.bins)))
 
     def _pos(self, j: int) -> int:
         return min(j, self.positions - 1)
@@ -275,11 +286,13 @@ def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
 @dataclass
 class Offer:
     """One window opening in this step: its drafted candidates' chances π_j (accepted | the ones before).
-    `padded`: the target pads a one-row chunk to two rows (row invariance), so its first candidate is free."""
+    `padded`: the target pads a one-row chunk to two rows (row invariance), so its first candidate is free.
+    `sampled`: a sampled request, whose verification of candidate j must not depend on candidates j+1 on."""
 
     request_id: int
     chances: list[float]
     padded: bool = False
+    sampled: bool = True
 
 
 def survivals(chances: list[float]) -> list[float]:
@@ -311,36 +324,51 @@ class DraftPolicy:
     calibration: dict[bool, Calibration] = field(default_factory=dict)
     pooled: dict[bool, PositionCounts] = field(default_factory=dict)
     choices: int = 0
+    # A target call whose row count differs from the one before costs more (the CPU plugin prepares every node
+    # for the new shape): its ms by rows, apart from calls that kept the count, and the extra they show.
+    last_rows: int = 0
+    kept: dict[int, deque[float]] = field(default_factory=dict)
+    changed: dict[int, deque[float]] = field(default_factory=dict)
+    switch_cost: float = 0.0
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
-        """A step's target inference over `rows` rows, its draft stage (0: it drafted nothing), and what the
-        step spent besides its inferences."""
-        self.target.observe(rows, target_ms)
+        """A step's target inference over `rows` rows (as the target runs them), its draft stage (0: it drafted
+        nothing), and what the step spent besides its inferences."""
+        switched = self.last_rows not in (0, rows)
+        self.last_rows = rows
+        (self.changed if switched else self.kept).setdefault(rows, deque(maxlen=16)).append(target_ms)
+        if switched:
+            gaps = [median(self.changed[r]) - median(self.kept[r]) for r in self.changed
+                    if len(self.changed[r]) >= 2 and len(self.kept.get(r, ())) >= 2]
+            self.switch_cost = max(0.0, median(gaps)) if gaps else 0.0
+        self.target.observe(rows, target_ms - (self.switch_cost if switched else 0.0))  # the cost table: kept shapes
         if host_ms >= 0:
             self.host.append(host_ms)
         if draft_ms > 0:
             self.drafting.append(draft_ms)
 
-    def observe_window(self, sampled: bool, verified: int, accepted: int, confidence: list[float] | None,
+    def observe_window(self, sampled: bool, verified: int, accepted: int, peak: list[float] | None,
                        predicted: list[float] | None = None) -> None:
-        """A closed window: `accepted` of its `verified` candidates accepted, in order."""
+        """A closed window: `accepted` of its `verified` candidates accepted, in order; the draft's peak
+        probability at each (None: the draft gave none)."""
         if verified <= 0:
             return
         self.pooled.setdefault(sampled, PositionCounts()).add(verified, accepted)
-        if confidence:
-            self._calibration(sampled).observe(confidence[:verified], accepted, predicted)
+        if peak:
+            self._calibration(sampled).observe(peak[:verified], accepted, predicted)
 
     # ---- what to expect -----------------------------------------------------------------------
-    def chances(self, n: int, sampled: bool, confidence: list[float] | None, history: PositionCounts,
+    def chances(self, n: int, sampled: bool, peak: list[float] | None, history: PositionCounts,
                 reproducible: bool = False) -> list[float]:
-        """π_1..π_n of a drafted window: calibrated confidences, else the request's acceptance by position.
-        `reproducible`: from the request's own figures only (the raw confidence; no pooled prior)."""
-        if confidence:
+        """π_1..π_n of a drafted window: the draft's calibrated peak probabilities, else the request's
+        acceptance by position. `reproducible`: from the request's own figures only (the raw peak
+        probabilities; no pooled prior)."""
+        if peak:
             if reproducible:
-                return [min(max(float(c), 0.0), 0.999) for c in confidence[:n]]
+                return [min(max(float(c), 0.0), 0.999) for c in peak[:n]]
             cal = self._calibration(sampled)
-            return [cal(j, float(c)) for j, c in enumerate(confidence[:n])]
+            return [cal(j, float(c)) for j, c in enumerate(peak[:n])]
         pooled = PositionCounts() if reproducible else self.pooled.get(sampled, PositionCounts())
         out = []
         for j in range(n):
@@ -402,27 +430,35 @@ class DraftPolicy:
         if self.explore_every and self.choices % self.explore_every == 0:
             return full
         self.explored = False
-        return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows))
+        switch = self.switch_cost / SWITCH_HORIZON
+        return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
+                      + (switch if rows != self.last_rows else 0.0))
 
 
 def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> list[int]:
-    """Greedy admission in order of survival, stopping at the first candidate that does not raise tokens / cost."""
+    """Admission in order of survival. With a sampled window among the offers it stops at the first candidate
+    that does not raise tokens / cost (what keeps sampled output exact: module docstring); greedy windows take
+    the best prefix of that order, which can reach past a dear row count to a cheaper one (the last call's)."""
     items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
                    key=lambda t: (-t[0], t[1], t[2]))
+    stop_early = any(o.sampled for o in offers)
     rows = fixed_rows + sum(2 if o.padded else 1 for o in offers)
     tokens = fixed_tokens + len(offers)
     ms = cost(rows)
     verify = [0] * len(offers)
+    best, best_rate = list(verify), (tokens / ms if ms > 0 else 0.0)
     for a, j, i in items:
         if j != verify[i]:  # an earlier position of this window was not admitted (ties only)
             continue
         more = 0 if j == 0 and offers[i].padded else 1
         ms2 = cost(rows + more)
-        if ms2 <= 0 or (tokens + a) * ms <= tokens * ms2:  # no gain: stop at the first that does not pay
+        if ms2 <= 0 or (stop_early and (tokens + a) * ms <= tokens * ms2):  # no gain: stop at the first that does not pay
             break
         verify[i] += 1
         rows, tokens, ms = rows + more, tokens + a, ms2
-    return verify
+        if tokens / ms > best_rate:
+            best, best_rate = list(verify), tokens / ms
+    return verify if stop_early else best
 
 
 def make_policy(name: str | None = None) -> DraftPolicy:

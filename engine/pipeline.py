@@ -323,12 +323,12 @@ class SpeculativePipeline:
 
     def _draft_settings(self, config: GenerationConfig, policy: str) -> tuple[int, int]:
         """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit.
-        Unless the request says, the adaptive policy drafts a full block (it verifies only what pays) and
-        `always` the draft's tuned count (every candidate is verified)."""
+        Unless the request says, both policies draft the draft's tuned count: drafting a full block costs the
+        draft call more than the longer windows it makes possible return (docs/benchmarks.md)."""
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or (info.max_candidates if policy == ADAPTIVE else info.default_candidates)
+        n = config.num_assistant_tokens or info.default_candidates
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")
@@ -457,8 +457,7 @@ class SpeculativePipeline:
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
         if self.policy is not None:
             host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
-            rows = sum(self._target_rows(len(c.ids)) for c in chunks)
-            self.policy.observe_step(rows, timings.target_ms, host_ms, timings.draft_step_ms)
+            self.policy.observe_step(self.target.call_size(chunks), timings.target_ms, host_ms, timings.draft_step_ms)
         return events
 
     def _target_rows(self, rows: int) -> int:
@@ -496,12 +495,14 @@ class SpeculativePipeline:
                 fixed_rows += self._target_rows(min(rows, m + 1))
                 fixed_tokens += 1.0 + sum(survivals(chances[:m]))
             elif req.policy == ADAPTIVE:
-                offers.append((req, Offer(req.id, chances, padded)))
+                offers.append((req, Offer(req.id, chances, padded, sampled=req.config.do_sample)))
             else:
                 fixed_rows += self._target_rows(rows)
                 fixed_tokens += 1.0 + sum(survivals(chances[: rows - 1]))
         if not offers:
             return
+        if len(offers) == 1 and not fixed_rows and getattr(self.target, "pad_matmul_rows", False):
+            offers[0][1].padded = True  # a call of one row gets a dummy row: its first candidate is free
         fixed_ms = self.policy.fixed_ms(draft_ms)
         verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
         for (req, offer), m in zip(offers, verify):

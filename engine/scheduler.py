@@ -24,7 +24,7 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # requests running at once; the rest wait in the queue
     num_kv_blocks: int | None = None  # KV cache size in blocks; None: from cache_size_mb
     cache_size_mb: int = 512  # KV cache size when num_kv_blocks is None
-    draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "always" all (the default), "adaptive" what pays
+    draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "adaptive" what pays (the default), "always" all
     prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
     prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
 

@@ -22,9 +22,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=4, help="number of prompts (0: the whole set)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-assistant-tokens", type=int, nargs="+", default=[None], metavar="N",
-                   help="candidates the draft proposes per window, one row each (default: under 'always' the draft's "
-                        "own count, its config's num_assistant_tokens; under 'adaptive' a full block: 7 for an "
-                        "8-row DFlash v1 block, 8 for DSpark)")
+                   help="candidates the draft proposes per window, one row each (default: the draft's own count, "
+                        "its config's num_assistant_tokens)")
     p.add_argument("--markov-head-top-k", type=int, nargs="+", default=[None], metavar="K",
                    help="drafts with a Markov head: K of the Top-K scorer, one row each (0 = dense walk, DSpark)")
     p.add_argument("--temperature", type=float, nargs="+", default=[], metavar="T",
@@ -57,9 +56,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
     p.add_argument("--draft-policy", nargs="+", default=[DEFAULT_POLICY], choices=list(POLICIES), metavar="P",
-                   help="how much of each drafted window the target verifies: 'always' (default) every one; "
-                        "'adaptive' the candidates that pay for their rows, from the draft's calibrated confidence "
-                        "and the measured cost of rows (engine/draft_policy.py); several: each draft row under each")
+                   help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
+                        "that pay for their rows, from the draft's calibrated peak probabilities and the measured "
+                        "cost of rows (engine/draft_policy.py); 'always' every one; several: each draft row under each")
     p.add_argument("--reliability", metavar="FILE.svg", default=None,
                    help="write the draft's confidence against observed acceptance (per position, and after the "
                         "adaptive policy's calibration) as an SVG plot, and its data as FILE.json beside it")

@@ -1,9 +1,10 @@
-"""The draft's confidence against what the target accepted: reliability data and its SVG plot.
+"""How sure the draft was against what the target accepted: reliability data and its SVG plot.
 
 A bench run's adaptive configurations each keep the calibration their policy learned
-(engine.draft_policy.Calibration: per position and confidence bin, the candidates the target reached
-and accepted; and the same outcomes by the calibrated value the policy used). `--reliability FILE.svg`
-writes, per configuration and decoding, two panels: the raw confidence per position against the
+(engine.draft_policy.Calibration: per position and bin of the draft's peak probability, the candidates
+the target reached and accepted; and the same outcomes by the calibrated value the policy used).
+`--reliability FILE.svg` writes, per configuration and decoding, two panels: the raw peak probability
+per position against the
 observed acceptance (given every candidate before was accepted), and the calibrated values against
 the same outcomes, each with its expected calibration error (ECE: the reached-weighted mean gap
 between a bin's mean value and its observed rate). The SVG is written by hand (no plotting library).
@@ -66,7 +67,7 @@ def _panel(x0: float, title: str, series: list[tuple[str, str, list[tuple[float,
         out.append(f'<text x="{px(t)}" y="{py(0) + 14}" text-anchor="middle" font-size="10">{t:g}</text>')
         out.append(f'<text x="{px(0) - 4}" y="{py(t) + 3}" text-anchor="end" font-size="10">{t:g}</text>')
     out.append(f'<text x="{x0 + W / 2}" y="{H - 2}" text-anchor="middle" font-size="10">'
-               f'{"confidence" if "raw" in title else "calibrated P(accept)"}</text>')
+               f'{"draft peak probability" if "raw" in title else "calibrated P(accept)"}</text>')
     out.append(f'<text x="{x0 + 10}" y="{py(0.5)}" font-size="10" transform="rotate(-90 {x0 + 10} {py(0.5)})" '
                'text-anchor="middle">observed acceptance</text>')
     for i, (label, color, pts) in enumerate(series):
@@ -90,7 +91,7 @@ def svg(entries: list[tuple[str, dict[str, Any]]]) -> str:
         raw = [(f"position {j + 1}", COLORS[j % len(COLORS)], c) for j, c in enumerate(curves)]
         e_raw = "-" if s["ece_raw"] is None else f"{s['ece_raw']:.3f}"
         e_cal = "-" if s["ece_calibrated"] is None else f"{s['ece_calibrated']:.3f}"
-        body = _panel(0, f"raw confidence (ECE {e_raw}, {s['reached']} reached)", raw)
+        body = _panel(0, f"raw peak probability (ECE {e_raw}, {s['reached']} reached)", raw)
         body += _panel(W, f"calibrated (ECE {e_cal})", [("all positions", "#111", calibrated_curve(rel))])
         rows.append(f'<g transform="translate(0,{k * (H + 30) + 18})">'
                     f'<text x="6" y="-4" font-size="11" font-weight="bold">{escape(title)}</text>'

@@ -248,11 +248,13 @@ class PagedTarget:
                          prompt_rows=None if b <= m and c.prompt_rows is None else (b - a if b <= m else 0))
                 for a, b in zip(cuts, cuts[1:])]
 
+    def call_size(self, chunks: list[SeqChunk]) -> int:
+        """The rows one call of these chunks runs (padding and dummy rows counted)."""
+        return sum(len(s.ids) for s in self._sequences(chunks)[0])
+
     def _fits(self, chunks: list[SeqChunk]) -> bool:
-        """Whether one call of these chunks stays within `call_rows` rows (padding and dummy rows counted)."""
-        if self.call_rows is None:
-            return True
-        return sum(len(s.ids) for s in self._sequences(chunks)[0]) <= self.call_rows
+        """Whether one call of these chunks stays within `call_rows` rows."""
+        return self.call_rows is None or self.call_size(chunks) <= self.call_rows
 
     def _infer(self, chunks: list[SeqChunk], want_logits: bool) -> BatchOutput:
         subs, starts = self._sequences(chunks)

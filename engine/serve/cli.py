@@ -43,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
     s.add_argument("--prefix-caching", choices=["on", "off"], default="on",
                    help="reuse the KV of a conversation's earlier turns (docs/batching.md, \"Prefix caching\")")
     s.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
-                   help="how many drafted candidates the target verifies: 'always' (default) every one, "
-                        "'adaptive' the ones that pay for their rows at the current load (docs/batching.md)")
+                   help="how many drafted candidates the target verifies: 'adaptive' (default) the ones that pay "
+                        "for their rows at the current load (docs/batching.md), 'always' every one")
     s.set_defaults(func=lambda args: cmd_serve(args, resolve_models))
 
 

@@ -133,7 +133,7 @@ def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
 
 def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeypatch):
     """The "unset" value names the number the engine will use: the draft's tuned default (3 for the shipped
-    DSpark draft) when the target verifies all (the default), a full block when it verifies what pays."""
+    DSpark draft) under either policy; "what pays" is the default, and a choice is kept in the settings."""
     from app.fake_engine import FakePipeline
 
     monkeypatch.setattr(FakePipeline, "default_num_candidates", property(lambda self: 3))
@@ -141,15 +141,15 @@ def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeyp
     g = w.gen_panel
     assert w.engine_info.draft.default_candidates == 3 and w.engine_info.draft.max_candidates == 7
     assert g.num_assistant.value() == 0 and g.num_assistant.specialValueText() == "draft's default (3)"
-    assert g.config(with_draft=True).draft_policy == "always"
-    g.draft_policy.setCurrentIndex(g.draft_policy.findData("adaptive"))
-    assert g.num_assistant.specialValueText() == "full block (7)"
-    assert g.config(with_draft=True).draft_policy == "adaptive" and g.config(with_draft=False).draft_policy is None
+    assert g.config(with_draft=True).draft_policy == "adaptive"
+    g.draft_policy.setCurrentIndex(g.draft_policy.findData("always"))
+    assert g.num_assistant.specialValueText() == "draft's default (3)"
+    assert g.config(with_draft=True).draft_policy == "always" and g.config(with_draft=False).draft_policy is None
     assert g.num_assistant.maximum() == 7 and g.num_assistant.isEnabled()
     assert g.config(with_draft=True).num_assistant_tokens is None  # unset: the engine applies its default
     w.close()
     w = make_window()
-    assert w.gen_panel.policy_name == "adaptive"  # kept in the settings
+    assert w.gen_panel.policy_name == "always"  # kept in the settings
     w.close()
 
     w = make_window(draft=False)

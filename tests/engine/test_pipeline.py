@@ -224,8 +224,8 @@ def test_draft_state_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_targe
 
 
 def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts) -> None:
-    """A draft's config.json "num_assistant_tokens" is its tuned default when every candidate is verified
-    (`always`); a request may still ask for more. The adaptive policy drafts a full block unless told."""
+    """A draft's config.json "num_assistant_tokens" is its tuned default under either policy; a request may
+    still ask for more."""
     import shutil
 
     folder = tmp_path / "tuned"
@@ -242,4 +242,4 @@ def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, t
     events = []
     spec.generate(PROMPTS[1], always.copy(draft_policy="adaptive"), chat=False, on_event=events.append)
     proposed = [e.window_proposed for e in events if e.window_proposed]
-    assert proposed[0] == 7 and max(proposed) == 7  # a window near max_new_tokens holds fewer
+    assert proposed[0] == 2 and max(proposed) == 2

@@ -247,8 +247,8 @@ def test_draft_policies_run_side_by_side_and_stay_exact(tmp_path, tiny_qwen3_tar
     spec = BenchSpec(tiny_qwen3_target, [draft], str(prompts), None, 16, precision="f32", genai_target=False,
                      genai_dflash=False, concurrency=[1, 4], draft_policies=["always", "adaptive"])
     res = run_bench(spec, loader=keep)
-    names = ["target alone (this engine)", "b8_trained (dflash_v1) n=7 (this engine)",
-             "b8_trained (dflash_v1) n=7, adaptive (this engine)"]
+    names = ["target alone (this engine)", "b8_trained (dflash_v1) n=7, always (this engine)",
+             "b8_trained (dflash_v1) n=7 (this engine)"]  # the default policy (adaptive) carries no suffix
     assert [(r.config, r.concurrency) for r in res.rows] == [(c, n) for n in (1, 4) for c in names]
     assert all(r.matches_target == 4 for r in res.rows), [(r.config, r.first_differences) for r in res.rows]
     assert res.settings["command"].endswith("--draft-policy always adaptive")

@@ -29,7 +29,7 @@ def _decode_steps(target: Path, draft: Path, prompts) -> list[list[tuple]]:
     runs = []
     for p in prompts:
         steps: list[tuple] = []
-        pipe.generate(p, GenerationConfig(max_new_tokens=24), chat=False,
+        pipe.generate(p, GenerationConfig(max_new_tokens=24, draft_policy="always"), chat=False,  # full windows: step by step
                       on_event=lambda e: steps.append((tuple(e.drafted), e.accepted, tuple(e.tokens))))
         runs.append(steps)
     return runs
