@@ -6,7 +6,6 @@ pytest's tmp path in this session (about 1.5 min, once), which is also what the 
 """
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,15 +76,7 @@ def smollm2_home(smollm2_target: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_random_draft(tmp_path_factory: pytest.TempPathFactory, smollm2_target: Path) -> Path:
-    """An untrained 1-layer DFlash draft of SmolLM2's dimensions (block 8): exercises shapes, not acceptance."""
-    import torch
+    """An untrained 1-layer DFlash draft of the target's dimensions (block 8): exercises shapes, not acceptance."""
+    from fixtures.random_draft import export_random_draft
 
-    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
-    from engine.export.draft import export_draft
-
-    cfg = json.loads((smollm2_target / "config.json").read_text())
-    dcfg = random_draft_config(cfg, 1, 8, [1, 14, 27], 0)
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("smollm2-random-draft")
-    ckpt = save_checkpoint(DFlashV1Draft(dcfg), dcfg, root / "hf")
-    return export_draft(ckpt, root / "ov")
+    return export_random_draft(smollm2_target, [1, 14, 27], 0, tmp_path_factory.mktemp("smollm2-random-draft"))

@@ -175,7 +175,8 @@ def dspark_trained(tiny_qwen3_hf: Path) -> Path:
 @pytest.fixture(scope="module", params=["none", "b8_trained", "dspark_topk"])
 def kind(request) -> tuple[Path, Path | None, GenerationConfig]:
     target = request.getfixturevalue("tiny_qwen3_target")
-    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    # full windows (`always`): the draft's candidates are compared step by step with and without the cache
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_policy="always")
     if request.param == "none":
         return target, None, cfg
     if request.param == "b8_trained":

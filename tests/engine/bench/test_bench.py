@@ -178,9 +178,9 @@ def test_real_engine_table_matches_engine_metrics(tmp_path, tiny_qwen3_target, t
     res = run_bench(spec, loader=loader)
     names = [r.config for r in res.rows]
     assert names == ["target alone (this engine)", "target alone (openvino_genai)",
-                     "b8_trained (dflash_v1) n=3 (this engine)",
+                     "b8_trained (dflash_v1) n=3, always (this engine)",
                      "b8_trained (dflash_v1) n=3 (openvino_genai DFlash)",
-                     "b8_trained (dflash_v1) n=7 (this engine)",
+                     "b8_trained (dflash_v1) n=7, always (this engine)",
                      "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
     assert res.machine["openvino"] and "CPU" in res.machine["device"] and res.settings["precision"] == "f32"
     base = res.rows[0]

@@ -5,7 +5,6 @@ and a 478 MB download); the tests are skipped when it is not prepared, so CI's t
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,7 @@ def qwen_target() -> Path:
 
 @pytest.fixture(scope="session")
 def qwen_random_draft(tmp_path_factory: pytest.TempPathFactory, qwen_target: Path) -> Path:
-    """An untrained 1-layer DFlash draft of Qwen2.5-Coder-0.5B's dimensions (block 8): shapes, not acceptance."""
-    import torch
+    """An untrained 1-layer DFlash draft of the target's dimensions (block 8): exercises shapes, not acceptance."""
+    from fixtures.random_draft import export_random_draft
 
-    from engine.drafts.dflash_v1 import DFlashV1Draft, random_draft_config, save_checkpoint
-    from engine.export.draft import export_draft
-
-    cfg = json.loads((qwen_target / "config.json").read_text())
-    dcfg = random_draft_config(cfg, 1, 8, [1, 12, 22], 151643)
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("qwen-random-draft")
-    ckpt = save_checkpoint(DFlashV1Draft(dcfg), dcfg, root / "hf")
-    return export_draft(ckpt, root / "ov")
+    return export_random_draft(qwen_target, [1, 12, 22], 151643, tmp_path_factory.mktemp("qwen-random-draft"))
