@@ -169,19 +169,14 @@ class SpeculativePipeline:
     def load(cls, target_dir: Path | str, draft_dir: Path | str | None = None, device: str = "CPU",
              precision: str = "default", core: ov.Core | None = None,
              scheduler: SchedulerConfig | None = None) -> "SpeculativePipeline":
-        """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix."""
+        """Load and compile; raises ModelFolderError / DraftMismatchError / DeviceError with the fix (NPU
+        included: the speculative loop needs continuous batching; engine.api.load_engine serves NPU)."""
         core = core or ov.Core()
         target_dir = Path(target_dir)
         device = device.strip().upper()  # OpenVINO's names are upper case; "cpu" means CPU
         scheduler = (scheduler or SchedulerConfig()).validate()
-        if device.upper().startswith("NPU"):
-            if draft_dir is not None:
-                raise DeviceError(f"{device}: {NPU_NOTICE}")
-            # engine.api.load_engine is the loader that picks this path; this branch stays only until the
-            # app's worker loads through it (issue 21, phase 2).
-            from engine.genai_target import GenAITargetPipeline
-
-            return GenAITargetPipeline(target_dir, device, precision)  # the target alone, via openvino_genai
+        if device.upper().startswith("NPU"):  # engine.api.load_engine runs the target alone there
+            raise DeviceError(f"{device}: {NPU_NOTICE}")
         folder = read_target_folder(target_dir, core)  # checked and read once; the loaders below share it
         props = compile_properties(device, precision)
         taps = None
