@@ -73,22 +73,34 @@ class StaticLlama:
         return x * cos + rot * sin
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]],
-                start: int, key_ok: torch.Tensor) -> torch.Tensor:
+                start: int, key_ok: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
         """ids/pos [B, q] written at cache slots start..start+q-1; key_ok [B, start+q] (False: pad key).
-        Returns the last position's logits [B, V] (float32)."""
+        Returns the last position's logits [B, V] (float32).
+
+        With `slot` (a one-element long tensor; q must be 1) the step is shape-fixed for CUDA graph
+        replay: the token is written at cache slot `slot` and attends over every slot up to it of the
+        whole cache (key_ok [B, T]), so no shape depends on the step and `start` is not read."""
         b, q = ids.shape
         nh, nk, d = self.n_heads, self.n_kv, self.head_dim
         rep = nh // nk
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, pos)
         cos, sin = cos.to(self.dtype)[:, None], sin.to(self.dtype)[:, None]  # [B, 1, q, d]
-        end = start + q
-        # mask [B, 1, q, end]: causal over the written slots, pad keys never (a pad query sees itself: no NaN rows)
-        causal = torch.ones(q, end, dtype=torch.bool, device=ids.device).tril(start)
-        mask = causal[None] & key_ok[:, None, :end]
-        diag = torch.zeros(q, end, dtype=torch.bool, device=ids.device)
-        diag[torch.arange(q), start + torch.arange(q)] = True
-        mask = (mask | diag[None])[:, None]
+        if slot is not None:
+            total = caches[0][0].shape[2]
+            end = total
+            # mask [B, 1, 1, T]: the slots written so far that are not padding (the query's own slot is
+            # real); unwritten slots are read with weight 0, so the cache must hold finite numbers there
+            upto = torch.arange(total, device=ids.device) <= slot
+            mask = (key_ok & upto[None])[:, None, None]
+        else:
+            end = start + q
+            # mask [B, 1, q, end]: causal over the written slots, pad keys never (a pad query sees itself: no NaN rows)
+            causal = torch.ones(q, end, dtype=torch.bool, device=ids.device).tril(start)
+            mask = causal[None] & key_ok[:, None, :end]
+            diag = torch.zeros(q, end, dtype=torch.bool, device=ids.device)
+            diag[torch.arange(q), start + torch.arange(q)] = True
+            mask = (mask | diag[None])[:, None]
         for li, (w_in, qkv_w, o_w, w_post, gu_w, down_w) in enumerate(self.layers):
             h = self._rms(x, w_in)
             qkv = h @ qkv_w.T
@@ -102,11 +114,15 @@ class StaticLlama:
             vh = qkv[..., (nh + nk) * d :].view(b, q, nk, d).transpose(1, 2)
             qh, kh = self._rope(qh, cos, sin), self._rope(kh, cos, sin)
             kc, vc = caches[li]
-            kc[:, :, start:end] = kh
-            vc[:, :, start:end] = vh
+            if slot is not None:
+                kc.index_copy_(2, slot, kh)
+                vc.index_copy_(2, slot, vh)
+            else:
+                kc[:, :, start:end] = kh
+                vc[:, :, start:end] = vh
             # query head j*rep + r uses KV head j (HF repeat_kv): group the rep heads as extra query rows
             qg = qh.reshape(b, nk, rep * q, d)
-            mg = mask.expand(b, 1, q, end).repeat(1, 1, rep, 1) if rep > 1 else mask
+            mg = mask if (rep == 1 or slot is not None) else mask.expand(b, 1, q, end).repeat(1, 1, rep, 1)
             att = F.scaled_dot_product_attention(qg, kc[:, :, :end], vc[:, :, :end], attn_mask=mg)
             att = att.reshape(b, nh, q, d).transpose(1, 2).reshape(b, q, nh * d)
             x = x + att @ o_w.T
@@ -134,12 +150,75 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+class DecodeStep:
+    """One decode step on static input buffers.
+
+    On CUDA it is the shape-fixed step (`StaticLlama.forward` with `slot`), captured once as a CUDA
+    graph and replayed: a step of a small target is hundreds of short kernels, and launching them one
+    by one from Python left the GPU mostly idle. A new batch shape (a new batch, or rows dropped by
+    compaction) needs a new `DecodeStep`. Elsewhere, or with `graph=False`, it is the growing-prefix
+    step (attention over the written slots only); the shape-fixed step attends over the whole cache
+    with the unwritten slots masked, the same sums in another order
+    (tests/engine/training/test_fast_generate.py compares the two)."""
+
+    def __init__(self, sm: StaticLlama, caches: list[tuple[torch.Tensor, torch.Tensor]], key_ok: torch.Tensor,
+                 graph: bool) -> None:
+        dev = key_ok.device
+        b = key_ok.shape[0]
+        self.sm, self.caches, self.key_ok = sm, caches, key_ok
+        self.tok = torch.zeros((b, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((b, 1), dtype=torch.long, device=dev)
+        self.slot = torch.zeros(1, dtype=torch.long, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+        self.want_graph = graph and dev.type == "cuda"
+
+    def _eager(self) -> torch.Tensor:
+        return self.sm.forward(self.tok, self.pos, self.caches, 0, self.key_ok, slot=self.slot)
+
+    def _capture(self) -> None:
+        # warm up on a side stream (cuBLAS handles, SDPA kernel choice), then record one step; both
+        # write this step's keys at this step's slot, which the replay writes again with the same values
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._eager()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._eager()
+
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int) -> torch.Tensor:
+        """Logits [B, V] (float32) of writing `tok` [B] at positions `pos` [B] into cache slot `slot`.
+        On the graph path the result is the graph's output buffer: read it before the next call."""
+        if not self.want_graph:  # the growing-prefix step: on CPU it matches HF generate token for token
+            return self.sm.forward(tok[:, None], pos[:, None], self.caches, slot, self.key_ok)
+        self.tok.copy_(tok[:, None])
+        self.pos.copy_(pos[:, None])
+        self.slot.fill_(slot)
+        if self.graph is None:
+            try:
+                self._capture()
+            except RuntimeError as e:  # an op this torch cannot capture: the eager step still works
+                torch.cuda.synchronize()
+                self.want_graph, self.graph = False, None
+                print(f"fast_generate: CUDA graph capture failed ({e}); decoding eagerly", flush=True)
+                return self.sm.forward(tok[:, None], pos[:, None], self.caches, slot, self.key_ok)
+        self.graph.replay()
+        return self.out
+
+
 def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new_tokens: int, eos_id: int,
                           pad_id: int, compact_frac: float = 0.25, temperature: float = 0.0, top_p: float = 1.0,
-                          generator: torch.Generator | None = None) -> list[list[int]]:
+                          generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
     """Answers (EOS kept, nothing after it) for one left-padded batch: greedy by default, sampled
-    (temperature, top_p; `generator` on the model's device) when temperature > 0."""
+    (temperature, top_p; `generator` on the model's device) when temperature > 0. Decode steps are
+    replayed as CUDA graphs on a GPU (`cuda_graph`); a graph is captured per batch shape, so rows
+    are dropped less often there (when half of them have finished)."""
     dev = sm.embed.device
+    graphed = cuda_graph and dev.type == "cuda"
+    if graphed:
+        compact_frac = max(compact_frac, 0.5)
     b = len(prompts)
     width = max(len(p) for p in prompts)
     total = width + new_tokens
@@ -151,13 +230,15 @@ def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new
     ids, ok = ids.to(dev), ok.to(dev)
     n_pad = width - ok[:, :width].sum(1)
     pos = (torch.arange(width, device=dev)[None] - n_pad[:, None]).clamp(min=0)
-    caches = [(torch.empty(b, sm.n_kv, total, sm.head_dim, dtype=sm.dtype, device=dev),
-               torch.empty(b, sm.n_kv, total, sm.head_dim, dtype=sm.dtype, device=dev)) for _ in sm.layers]
+    # zeroed: the shape-fixed step reads unwritten slots with weight 0, and 0 * NaN would be NaN
+    caches = [(torch.zeros(b, sm.n_kv, total, sm.head_dim, dtype=sm.dtype, device=dev),
+               torch.zeros(b, sm.n_kv, total, sm.head_dim, dtype=sm.dtype, device=dev)) for _ in sm.layers]
     logits = sm.forward(ids, pos, caches, 0, ok)
     rows = torch.arange(b, device=dev)  # original row of each live batch row
     out = torch.full((b, new_tokens), -1, dtype=torch.long, device=dev)
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     next_pos = pos[:, -1] + 1
+    step = DecodeStep(sm, caches, ok, graphed)
     for t in range(new_tokens):
         tok = sample_tokens(logits, temperature, top_p, generator)
         out[rows, t] = tok
@@ -171,7 +252,9 @@ def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new
             keep = (~done).nonzero().squeeze(1)
             rows, tok, next_pos, ok, done = rows[keep], tok[keep], next_pos[keep], ok[keep], done[keep]
             caches = [(k[keep], v[keep]) for k, v in caches]
-        logits = sm.forward(tok[:, None], next_pos[:, None], caches, width + t, ok)
+            del step
+            step = DecodeStep(sm, caches, ok, graphed)
+        logits = step(tok, next_pos, width + t)
         next_pos = next_pos + 1
     res = out.cpu().tolist()
     answers = []
