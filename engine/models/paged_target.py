@@ -162,10 +162,12 @@ class PagedTarget:
 
     def _call_row_limit(self, largest: int) -> int | None:
         """The most rows a call may hold (None: `largest`, the caller's largest call, is fine): a generated row
-        scored beside a prompt chunk that fills a call of min(largest, CALL_ROWS) rows, then of half as many
-        until the row is the same as beside nothing. Kernels switch at a size, so a call that agrees vouches
-        for the smaller ones (and probing a large call at every load would cost a long prefill). Inferences on
-        blocks outside every request (the cache's size bounds the probe), zeroed after."""
+        scored beside a prompt chunk that fills a call of `largest` rows, then of min(largest, CALL_ROWS) rows
+        and of half as many until the row is the same as beside nothing. Kernels switch at a size, so a call
+        that agrees vouches for the smaller ones. A CPU whose kernels agree at `largest` (an AVX-512 VNNI core:
+        prefill in one call is faster there than in 64-row ones) gets no limit, one whose kernels switch (an
+        AVX2 core: past 80 rows) CALL_ROWS or fewer. Inferences on blocks outside every request (the cache's
+        size bounds the probe), zeroed after."""
         largest = min(largest, (self.blocks.num_blocks - 1) * self.blocks.block_size)
         if largest <= 2:
             return None
@@ -174,7 +176,11 @@ class PagedTarget:
         try:
             alone = self._probe_row([])
             size = min(largest, CALL_ROWS)
+            sizes = [largest] if largest > size else []
             while size > 2:
+                sizes.append(size)
+                size //= 2
+            for size in sizes:
                 self.blocks.grow(other, size - 1)
                 try:
                     beside = self._probe_row([SeqChunk(other, list(range(1, size)), 0, 1)])
@@ -184,7 +190,6 @@ class PagedTarget:
                     self.blocks.release(other)
                 if np.array_equal(alone, beside):
                     return None if size >= largest else size
-                size //= 2
             return 2
         finally:
             for b in self.blocks.blocks(seq):

@@ -65,3 +65,24 @@ def test_a_chunk_with_prompt_and_generated_rows_runs_its_prompt_rows_first(targe
     out = target.infer([SeqChunk(2, PROMPT + WINDOW, 0, len(WINDOW) + 1, prompt_rows=len(PROMPT))])
     assert target.inferences - before == 2
     assert out.next_ids[0].shape == (len(WINDOW) + 1,) and out.hidden[0].shape[0] == len(PROMPT) + len(WINDOW)
+
+
+@pytest.mark.parametrize(("switch", "expected", "expected_48"),
+                         [(None, None, None), (200, 64, None), (80, 64, None), (40, 32, 24), (3, 2, 3)])
+def test_the_call_limit_is_the_largest_call_whose_rows_agree(target: PagedTarget, monkeypatch, switch, expected,
+                                                             expected_48) -> None:
+    """The load-time probe: no limit where a row beside the caller's largest call is the same as alone (an
+    AVX-512 VNNI core), else CALL_ROWS (64) or the largest halving of it that agrees (an AVX2 core switches
+    kernels past 80 rows). A fake probe row stands in for a CPU whose kernels switch past `switch` rows."""
+    seen: list[int] = []
+
+    def probe(beside: list[SeqChunk]) -> np.ndarray:
+        rows = 1 + sum(len(c.ids) for c in beside)
+        seen.append(rows)
+        return np.array([1.0 if switch is not None and rows > switch else 0.0])
+
+    monkeypatch.setattr(target, "_probe_row", probe)
+    assert target._call_row_limit(264) == expected
+    assert seen[:2] == [1, 264]  # alone, then the largest call first
+    assert target._call_row_limit(48) == expected_48  # a caller whose largest call is under CALL_ROWS
+    assert target.blocks.blocks(-2) == [] and target.blocks.blocks(-3) == []  # the probe's blocks are given back
