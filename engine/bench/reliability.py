@@ -171,7 +171,7 @@ def merge(rels: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m engine.bench.reliability OUT.png|OUT.svg RUN.json...`: one plot of several runs' --reliability
-    data (each title's counts summed over the runs that have it)."""
+    data (each title's counts summed over the runs that have it; titles name the run's --dataset)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m engine.bench.reliability", description=main.__doc__)
@@ -182,9 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     check_reliability_path(args.out)
     by_title: dict[str, list[dict[str, Any]]] = {}
     for run in args.runs:
-        for title, rel in json.loads(run.read_text())["entries"].items():
+        data = json.loads(run.read_text())
+        words = str(data.get("command") or "").split()
+        dataset = words[words.index("--dataset") + 1] if "--dataset" in words[:-1] else None
+        for title, rel in data["entries"].items():
             if args.only is None or args.only in title:
-                by_title.setdefault(title, []).append(rel)
+                by_title.setdefault(f"{dataset}: {title}" if dataset else title, []).append(rel)
     entries = [(f"{title} ({len(rels)} runs)" if len(rels) > 1 else title, merge(rels))
                for title, rels in by_title.items()]
     write_plot(entries, args.out, [str(r) for r in args.runs])
