@@ -39,9 +39,9 @@ and it always drafts its full count (a block of another length drafts other cand
 A target call whose row count differs from the previous call's costs more on a CPU (the plugin prepares every
 node for the new shape): the policy measures that extra and charges a change of row count all of it, so a
 step keeps the last call's row count unless another pays more than the change costs. (A quarter of it, as if a
-new count paid back over four steps, under-priced it: chosen step by step the count changed nearly every step,
-and at one request on MT-Bench the policy ran 0.90x of `always` at the same count while verifying fewer;
-docs/benchmarks.md, issue 25.)
+new count paid back over four steps, under-priced it: a new count rarely lasted four steps, each change was
+paid in full, and at one request the policy ran 0.86x (HumanEval) and 0.90x (MT-Bench) of `always` at the
+same count while verifying about as many; docs/benchmarks.md, issue 25.)
 
 `adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
 `num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.

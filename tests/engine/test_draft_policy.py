@@ -109,9 +109,9 @@ def test_cheap_rows_verify_everything_dear_rows_and_low_confidence_verify_few() 
 
 
 def test_a_change_of_row_count_is_charged_its_whole_measured_extra() -> None:
-    """Under the policy the row count would change nearly every step, and every change pays the CPU plugin's extra
-    for a new shape: the choice charges all of it (SWITCH_HORIZON = 1), so a window keeps the last call's count unless
-    another pays more than the change costs."""
+    """A new row count rarely lasts the steps a share of the charge assumes, and every change pays the CPU plugin's
+    extra for a new shape: the choice charges all of it (SWITCH_HORIZON = 1), so a window keeps the last call's count
+    unless another pays more than the change costs."""
     p = _policy(lambda r: 10.0 + 1.0 * r)
     offer = [Offer(0, [0.9, 0.9, 0.3, 0.3, 0.3], sampled=False)]
     assert p.choose(offer, 0, 0.0, 3.0) == [3]  # no switch cost measured: the best rate, 4 rows
