@@ -7,7 +7,9 @@ the target reached and accepted; and the same outcomes by the calibrated value t
 per position against the
 observed acceptance (given every candidate before was accepted), and the calibrated values against
 the same outcomes, each with its expected calibration error (ECE: the reached-weighted mean gap
-between a bin's mean value and its observed rate). The SVG is written by hand (no plotting library).
+between a bin's mean value and its observed rate). The SVG is written by hand (no plotting library);
+`FILE.png` writes the SVG beside it and renders it to PNG through Qt's SVG renderer (PySide6, the app's
+own dependency: no new one), for documents that show images but not SVG.
 """
 from __future__ import annotations
 
@@ -106,17 +108,90 @@ def entries_of(reliability: dict[str, dict[str, dict]]) -> list[tuple[str, dict[
 
 
 def check_reliability_path(path: Path) -> None:
-    """Before the run: an .svg name in a folder that can be written."""
-    if path.suffix.lower() != ".svg":
-        raise ValueError(f"--reliability {path}: give a file name ending in .svg (its data goes beside it as .json).")
+    """Before the run: an .svg or .png name in a folder that can be written."""
+    if path.suffix.lower() not in (".svg", ".png"):
+        raise ValueError(f"--reliability {path}: give a file name ending in .svg or .png (its data goes beside it "
+                         "as .json).")
     check_writable(path.absolute().parent, "The --reliability file's folder")
 
 
+def png(svg_text: str, path: Path, scale: float = 2.0) -> None:
+    """Render an SVG to a PNG at `scale` (Qt's SVG renderer; an offscreen Qt where no display is set)."""
+    import os
+
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QByteArray
+    from PySide6.QtGui import QColor, QGuiApplication, QImage, QPainter
+    from PySide6.QtSvg import QSvgRenderer
+
+    _app = QGuiApplication.instance() or QGuiApplication([])  # text needs the font database  # noqa: F841
+    renderer = QSvgRenderer(QByteArray(svg_text.encode()))
+    size = renderer.defaultSize()
+    image = QImage(int(size.width() * scale), int(size.height() * scale), QImage.Format.Format_RGB32)
+    image.fill(QColor("white"))
+    painter = QPainter(image)
+    renderer.render(painter)
+    painter.end()
+    if not image.save(str(path), "PNG"):
+        raise OSError(f"could not write {path}")
+
+
 def write_reliability(result: Any, path: Path) -> None:
-    """`path` (an .svg) and its data as JSON beside it (empty panels when no configuration had confidences)."""
+    """`path` (an .svg, or a .png with its .svg beside it) and its data as JSON beside it (empty panels when no
+    configuration had confidences)."""
     check_reliability_path(path)
     entries = entries_of(result.reliability)
+    write_plot(entries, path, result.settings.get("command"))
+
+
+def write_plot(entries: list[tuple[str, dict[str, Any]]], path: Path, command: object = None) -> None:
     data = {title: dict(rel, summary=summary(rel)) for title, rel in entries}
-    path.with_suffix(".json").write_text(json.dumps({"command": result.settings.get("command"), "entries": data},
-                                                    indent=1))
-    path.write_text(svg(entries))
+    path.with_suffix(".json").write_text(json.dumps({"command": command, "entries": data}, indent=1))
+    text = svg(entries)
+    path.with_suffix(".svg").write_text(text)
+    if path.suffix.lower() == ".png":
+        png(text, path)
+
+
+_COUNTS = ("reached", "accepted", "confidence_sum", "predicted_reached", "predicted_accepted", "predicted_sum")
+
+
+def merge(rels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' reliability data of one configuration as one: their counts summed (the map is the last run's:
+    the plot does not draw it)."""
+    out = dict(rels[-1])
+    for key in _COUNTS:
+        rows = [r[key] for r in rels]
+        if isinstance(rows[0][0], list):
+            out[key] = [[sum(v) for v in zip(*cols)] for cols in zip(*rows)]
+        else:
+            out[key] = [sum(v) for v in zip(*rows)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.bench.reliability OUT.png|OUT.svg RUN.json...`: one plot of several runs' --reliability
+    data (each title's counts summed over the runs that have it; titles name the run's --dataset)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m engine.bench.reliability", description=main.__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("runs", type=Path, nargs="+", help="the .json files that --reliability wrote")
+    p.add_argument("--only", default=None, help="keep the titles that contain this text")
+    args = p.parse_args(argv)
+    check_reliability_path(args.out)
+    by_title: dict[str, list[dict[str, Any]]] = {}
+    for run in args.runs:
+        data = json.loads(run.read_text())
+        words = str(data.get("command") or "").split()
+        dataset = words[words.index("--dataset") + 1] if "--dataset" in words[:-1] else None
+        for title, rel in data["entries"].items():
+            if args.only is None or args.only in title:
+                by_title.setdefault(f"{dataset}: {title}" if dataset else title, []).append(rel)
+    entries = [(f"{title} ({len(rels)} runs)" if len(rels) > 1 else title, merge(rels))
+               for title, rels in by_title.items()]
+    write_plot(entries, args.out, [str(r) for r in args.runs])
+
+
+if __name__ == "__main__":
+    main()

@@ -108,6 +108,21 @@ def test_cheap_rows_verify_everything_dear_rows_and_low_confidence_verify_few() 
     assert mid.choose([Offer(0, doubtful)], 0, 0.0, 40.0)[0] >= low[0]
 
 
+def test_a_change_of_row_count_is_charged_its_whole_measured_extra() -> None:
+    """A new row count rarely lasts the steps a share of the charge assumes, and every change pays the CPU plugin's
+    extra for a new shape: the choice charges all of it (SWITCH_HORIZON = 1), so a window keeps the last call's count
+    unless another pays more than the change costs."""
+    p = _policy(lambda r: 10.0 + 1.0 * r)
+    offer = [Offer(0, [0.9, 0.9, 0.3, 0.3, 0.3], sampled=False)]
+    assert p.choose(offer, 0, 0.0, 3.0) == [3]  # no switch cost measured: the best rate, 4 rows
+    p.switch_cost, p.last_rows = 1.0, 3
+    assert p.choose(offer, 0, 0.0, 3.0) == [2]  # 4 rows would gain 0.004 tokens/ms: less than a 1 ms change
+    p.last_rows = 4
+    assert p.choose(offer, 0, 0.0, 3.0) == [3]
+    p.switch_cost, p.last_rows = 0.2, 3
+    assert p.choose(offer, 0, 0.0, 3.0) == [3]  # a cheap change is worth it
+
+
 def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_windows() -> None:
     assert DraftPolicy().choose([Offer(0, [0.1] * 5), Offer(1, [0.1] * 3)], 0, 0.0, 1.0) == [5, 3]
     assert DraftPolicy().choose([], 4, 1.0, 1.0) == []

@@ -1,0 +1,43 @@
+"""The reliability plot: the SVG, its PNG rendering (Qt's SVG renderer) and several runs' counts merged into one."""
+from __future__ import annotations
+
+import json
+import random
+
+from engine.bench.reliability import main, merge, summary, write_plot
+from engine.draft_policy import Calibration
+
+
+def _rel(seed: int) -> dict:
+    """An overconfident draft: the target accepts a candidate of peak c with chance c**2."""
+    rng = random.Random(seed)
+    cal = Calibration()
+    for _ in range(400):
+        conf = [rng.random() for _ in range(4)]
+        accepted = 0
+        while accepted < 4 and rng.random() < conf[accepted] ** 2:
+            accepted += 1
+        cal.observe(conf, accepted, [cal(j, c) for j, c in enumerate(conf)])
+    return cal.reliability()
+
+
+def test_the_plot_as_png_with_its_svg_and_data_beside_it(tmp_path) -> None:
+    out = tmp_path / "rel.png"
+    write_plot([("a draft [greedy]", _rel(0))], out, "bench ...")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    assert out.with_suffix(".svg").read_text().startswith("<svg")
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["command"] == "bench ..." and data["entries"]["a draft [greedy]"]["summary"]["ece_raw"] > 0.1
+
+
+def test_runs_merge_by_summing_their_counts(tmp_path) -> None:
+    a, b = _rel(1), _rel(2)
+    m = merge([a, b])
+    assert summary(m)["reached"] == summary(a)["reached"] + summary(b)["reached"]
+    assert sum(m["predicted_reached"]) == sum(a["predicted_reached"]) + sum(b["predicted_reached"])
+    for i, rel in enumerate((a, b)):
+        write_plot([("x [greedy]", rel), ("y [greedy]", rel)], tmp_path / f"r{i}.svg")
+    main([str(tmp_path / "both.png"), str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--only", "x"])
+    both = json.loads((tmp_path / "both.json").read_text())["entries"]
+    assert list(both) == ["x [greedy] (2 runs)"]
+    assert both["x [greedy] (2 runs)"]["summary"]["reached"] == summary(m)["reached"]
