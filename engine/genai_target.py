@@ -17,10 +17,12 @@ from typing import Sequence
 import numpy as np
 
 from engine.config import GenerationConfig
+from engine.context import check_fits_context, context_length
 from engine.errors import DeviceError
 from engine.description import EngineDescription
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.metrics import RequestMetrics
+from engine.models.files import read_optional_json_object
 from engine.models.properties import compile_properties
 from engine.models.target import check_target_dir
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
@@ -74,6 +76,8 @@ class GenAITargetPipeline:
 
         check_target_dir(target_dir)
         self.folder = Path(target_dir)
+        self.context_length = context_length(read_optional_json_object(
+            self.folder / "config.json", "export the target again with `dflash-studio export --kind target`."))
         self.device = device
         self.precision = precision
         props = compile_properties(device, precision)
@@ -118,6 +122,13 @@ class GenAITargetPipeline:
 
     def clear_prefix_cache(self) -> int:
         return 0
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """LLMPipeline here keeps no prefix cache between requests: nothing to switch."""
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """The target's context (its config.json); openvino_genai applies the device's own prompt limit."""
+        check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()

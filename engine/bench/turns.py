@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from engine.bench.datasets import Prompt
-from engine.bench.report import BatchRun
+from engine.bench.report import ENGINE, BatchRun
 from engine.conversation import extend_ids
 from engine.errors import DFlashError
 
@@ -28,12 +28,13 @@ def caching_label(on: bool) -> str:
 
 
 def fresh_cache(runner: Any) -> None:
-    """Put an engine runner's pipeline in its configuration's prefix-caching setting, with nothing cached."""
-    pipe, want = getattr(runner, "pipe", None), getattr(runner, "prefix_caching", None)
-    if want is not None and hasattr(pipe, "set_prefix_caching"):
-        pipe.set_prefix_caching(want)
-    if hasattr(pipe, "clear_prefix_cache"):
-        pipe.clear_prefix_cache()
+    """Put an engine runner's engine in its configuration's prefix-caching setting, with nothing cached
+    (a peer's runner, openvino_genai's, has no engine of ours: it is left as it is)."""
+    if runner.engine != ENGINE:
+        return
+    if runner.prefix_caching is not None:
+        runner.pipe.set_prefix_caching(runner.prefix_caching)
+    runner.pipe.clear_prefix_cache()
 
 
 def check_turns(prompts: list[Prompt], turns: int) -> None:
@@ -96,7 +97,7 @@ def per_setting(configs: list[Any], settings: list[bool], turns: int,
     out = []
     several = len(settings) > 1
     for c in configs:
-        if c.row.engine != "engine":
+        if c.row.engine != ENGINE:
             if several:  # openvino_genai without its cache: compared with this engine without
                 off = f" [{caching_label(False)}]"
                 c = replace(c, row=replace(c.row, config=c.row.config + off, baseline=c.row.baseline + off))
