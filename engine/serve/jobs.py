@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from engine.api import Engine
 from engine.config import GenerationConfig
 from engine.events import StepEvent
 from engine.serve.errors import APIError, from_value_error
@@ -105,7 +106,7 @@ class Job:
         return self.state in ("done", "failed", "cancelled")
 
     # -- the engine thread -----------------------------------------------------------------------
-    def admit(self, engine: Any, model: ServedModel | None) -> int:
+    def admit(self, engine: Engine, model: ServedModel | None) -> int:
         """Count the prompt, check it against the context, add it to the engine; APIError when refused."""
         if model is None:
             raise APIError(503, "No model is loaded: load a target in the app first.", "service_unavailable_error")
