@@ -125,6 +125,13 @@ class FakePipeline:
             return list(range(max(1, len(prompt.split()))))
         return [int(t) if not isinstance(t, dict) else 0 for t in prompt]
 
+    def chat_prompt(self, messages) -> str:
+        """The messages' contents one after the other (the fake has no template to render)."""
+        return "".join(f"{m['content']} " for m in messages)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode_prompt(text)
+
     def fit_chat(self, messages, max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """The fake has no context limit: every turn stays."""
         return list(messages), 0

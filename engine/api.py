@@ -37,6 +37,12 @@ class Engine(Protocol):
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]: ...
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """The chat template's text for the messages, the assistant's turn begun (ValueError without a template)."""
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a text as it stands, no special tokens added (a continuation of a rendered prompt)."""
+
     def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """The messages that fit the context with max_new_tokens to spare, and how many oldest turns went."""
 

@@ -112,6 +112,12 @@ class GenAITargetPipeline:
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat)
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tokenizer.chat_prompt(list(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """Nothing is left out here: openvino_genai applies the device's own prompt limit (NPU's static
         MAX_PROMPT_LEN) and says so when a prompt is too long."""

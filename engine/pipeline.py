@@ -231,6 +231,12 @@ class SpeculativePipeline:
         return EngineDescription(self.target_name, self.device, self.precision, "paged", draft, self.target.folder,
                                  self.has_chat_template, blocks.num_blocks * blocks.block_size)
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tokenizer.chat_prompt(list(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: text (chat template when the model has one), messages, or ids. A prompt
         that continues a finished request's conversation reuses the ids that request saw and generated

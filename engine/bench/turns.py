@@ -57,16 +57,15 @@ def run_turns(runner: Any, encoder: Any, prompt: Prompt, ids: list[int], turns: 
     ttft = [r.ttft_ms for r in run.requests[:1]]
     if turns < 2 or run.cancelled:
         return run, ttft
-    tok = encoder.pipe.tokenizer
+    renderer = encoder.pipe
     messages = [{"role": "user", "content": prompt.text}]
-    text = tok.chat_prompt(messages)
+    text = renderer.chat_prompt(messages)
     for follow in prompt.followups[: turns - 1]:
         out = run.requests[0]
         seen, seen_ids = text + out.text, ids + list(out.token_ids)
         messages += [{"role": "assistant", "content": out.text}, {"role": "user", "content": follow}]
-        text = tok.chat_prompt(messages)
-        encode = lambda rest: tok.encode(rest, add_special_tokens=False)  # noqa: E731
-        ids = extend_ids(text, [(seen, seen_ids)], encode) or encode(text)
+        text = renderer.chat_prompt(messages)
+        ids = extend_ids(text, [(seen, seen_ids)], renderer.encode_text) or renderer.encode_text(text)
         run = runner.run([(prompt.id, ids)], 1, max_new_tokens, cancel)
         if run.cancelled:
             break

@@ -43,9 +43,14 @@ class ScriptedEngine:
     def describe(self) -> EngineDescription:
         return EngineDescription("scripted", "CPU", "default", "fake", has_chat_template=True)
 
-    def encode_prompt(self, prompt, chat=None) -> list[int]:
-        text = prompt if isinstance(prompt, str) else "".join(f"<{m['role']}>{m['content']}" for m in prompt)
+    def chat_prompt(self, messages) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def encode_text(self, text: str) -> list[int]:
         return [ord(c) for c in text]
+
+    def encode_prompt(self, prompt, chat=None) -> list[int]:
+        return self.encode_text(prompt if isinstance(prompt, str) else self.chat_prompt(prompt))
 
     def add_request(self, ids, config=None, chat=None) -> int:
         rid = len(self._done) + len(self._queue)
