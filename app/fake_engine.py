@@ -19,6 +19,7 @@ from engine.config import GenerationConfig
 from engine.description import DraftDescription, EngineDescription
 from engine.errors import DFlashError
 from engine.events import GenerationResult, StepEvent, StepTimings, TextPiece
+from engine.generate import generate
 from engine.metrics import RequestMetrics
 from engine.scheduler import StepStats
 
@@ -212,19 +213,8 @@ class FakePipeline:
         return out
 
     def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> GenerationResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
-        rid = self.add_request(prompt, config, chat)
-        text: list[str] = []
-        tokens: list[int] = []
-        r = self._requests[rid]
-        while not r.finished:
-            for ev in self.step():
-                if ev.request_id == rid:
-                    text.append(ev.text)
-                    tokens.extend(ev.tokens)
-                    if on_event is not None and on_event(ev):
-                        self.cancel(rid)
-        return GenerationResult("".join(text), tokens, r.finish_reason, self.metrics(rid))
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)
 
     def result(self, request_id: int) -> GenerationResult:
         r = self._requests[request_id]

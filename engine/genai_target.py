@@ -20,6 +20,7 @@ from engine.config import GenerationConfig
 from engine.context import check_fits_context, context_length
 from engine.errors import DeviceError
 from engine.description import EngineDescription
+from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.metrics import RequestMetrics
 from engine.models.files import read_optional_json_object
@@ -251,10 +252,5 @@ class GenAITargetPipeline:
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None,
                  on_event=None) -> GenerationResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
-        rid = self.add_request(prompt, config, chat)
-        while rid not in self._results:
-            for event in self.step():
-                if event.request_id == rid and on_event is not None and on_event(event):
-                    self.cancel(rid)
-        return self.result(rid)
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)

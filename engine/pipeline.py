@@ -22,6 +22,7 @@ from engine.conversation import extend_ids
 from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
+from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
@@ -778,13 +779,8 @@ class SpeculativePipeline:
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None,
                  on_event: Callable[[StepEvent], object] | None = None) -> GenerationResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it."""
-        rid = self.add_request(prompt, config, chat)
-        while rid not in self._finished:
-            for event in self.step():
-                if event.request_id == rid and on_event is not None and on_event(event):
-                    self.cancel(rid)
-        return self.result(rid)
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)
 
 
 def _log(p: float) -> float:
