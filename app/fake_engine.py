@@ -3,7 +3,8 @@
 It follows the same contract (engine/api.py: describe / add_request / step / cancel / metrics / result) and
 emits engine.events.StepEvent objects, so the app cannot tell it apart from the real engine. Its
 "tokens" are words of a fixed text; which drafted words are accepted comes from a seeded random
-generator. It runs no model and holds no model math.
+generator. It runs no model and holds no model math. Its figures are engine.metrics.RequestMetrics
+fed its own events, as the engine's are (one count of steps, tokens and acceptance by position).
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from pathlib import Path
 from engine.config import GenerationConfig
 from engine.description import DraftDescription, EngineDescription
 from engine.errors import DFlashError
-from engine.events import StepEvent, StepTimings, TextPiece
+from engine.events import GenerationResult, StepEvent, StepTimings, TextPiece
+from engine.generate import generate
+from engine.metrics import RequestMetrics
 from engine.scheduler import StepStats
 
 SAMPLE_TEXT = (
@@ -48,32 +51,6 @@ class FakeDraft:
 
 
 @dataclass
-class FakeMetrics:
-    ttft_ms: float = 0.0
-    tpot_ms: float = 0.0
-    decode_tok_s: float = 0.0
-    target_steps: int = 0
-    tokens_per_step: float = 0.0
-    acceptance_rate: float = 0.0
-    acceptance_by_position: list[float] = field(default_factory=list)
-    draft_name: str | None = None
-    device: str = "CPU"
-    drafted_total: int = 0
-    accepted_total: int = 0
-    draft_step_ms: float = 0.0  # sums over the steps (the engine keeps lists; the bench sums either)
-    draft_model_ms: float = 0.0
-    target_ms: float = 0.0
-
-
-@dataclass
-class FakeResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: FakeMetrics
-
-
-@dataclass
 class _Request:
     rid: int
     config: GenerationConfig
@@ -84,13 +61,7 @@ class _Request:
     finished: bool = False
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
-    last_token_at: float | None = None
-    drafted_total: int = 0
-    accepted_total: int = 0
-    reached: list[int] = field(default_factory=list)
-    hits: list[int] = field(default_factory=list)
-    draft_ms: float = 0.0
-    target_ms: float = 0.0
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
     finish_reason: str = ""
 
 
@@ -155,6 +126,13 @@ class FakePipeline:
             return list(range(max(1, len(prompt.split()))))
         return [int(t) if not isinstance(t, dict) else 0 for t in prompt]
 
+    def chat_prompt(self, messages) -> str:
+        """The messages' contents one after the other (the fake has no template to render)."""
+        return "".join(f"{m['content']} " for m in messages)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode_prompt(text)
+
     def fit_chat(self, messages, max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """The fake has no context limit: every turn stays."""
         return list(messages), 0
@@ -164,6 +142,12 @@ class FakePipeline:
 
     def clear_prefix_cache(self) -> int:
         return 0
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """The fake keeps no prefix cache."""
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """The fake has no context limit nor KV cache: every request fits."""
 
     def _check_draft_settings(self, config: GenerationConfig) -> None:
         """The engine's per-draft refusals, worded like it (ValueError naming the field)."""
@@ -189,7 +173,9 @@ class FakePipeline:
         words = []
         while len(words) < config.max_new_tokens:
             words.extend(self._words)
-        self._requests[rid] = _Request(rid, config, words[: config.max_new_tokens])
+        r = _Request(rid, config, words[: config.max_new_tokens])
+        r.metrics = RequestMetrics(self.draft_name, self.device, len(self.encode_prompt(prompt)))
+        self._requests[rid] = r
         return rid
 
     def has_unfinished(self) -> bool:
@@ -215,6 +201,7 @@ class FakePipeline:
                 r.finished = True
                 r.finish_reason = "cancelled"
                 out.append(StepEvent(r.rid, r.step, finished=True, finish_reason="cancelled"))
+                r.metrics.record(out[-1])
                 continue
             if r.step == 0 and self.prefill_delay_s > 0:
                 time.sleep(self.prefill_delay_s)
@@ -225,47 +212,17 @@ class FakePipeline:
         self.last_step.tokens = n_committed
         return out
 
-    def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> FakeResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
-        rid = self.add_request(prompt, config, chat)
-        text: list[str] = []
-        tokens: list[int] = []
-        r = self._requests[rid]
-        while not r.finished:
-            for ev in self.step():
-                if ev.request_id == rid:
-                    text.append(ev.text)
-                    tokens.extend(ev.tokens)
-                    if on_event is not None and on_event(ev):
-                        self.cancel(rid)
-        return FakeResult("".join(text), tokens, r.finish_reason, self.metrics(rid))
+    def generate(self, prompt, config, chat: bool | None = None, on_event=None) -> GenerationResult:
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)
 
-    def result(self, request_id: int) -> FakeResult:
+    def result(self, request_id: int) -> GenerationResult:
         r = self._requests[request_id]
-        return FakeResult("".join(r.words[: r.produced]), list(range(r.produced)), r.finish_reason,
-                          self.metrics(request_id))
+        return GenerationResult("".join(r.words[: r.produced]), list(range(r.produced)), r.finish_reason,
+                                self.metrics(request_id))
 
-    def metrics(self, request_id: int) -> FakeMetrics:
-        r = self._requests[request_id]
-        n = r.produced
-        decode_s = (r.last_token_at - r.first_token_at) if r.first_token_at and r.last_token_at else 0.0
-        steps = max(r.step - 1, 0)  # verification steps (step 0 is the prefill), as the engine counts
-        return FakeMetrics(
-            ttft_ms=((r.first_token_at or r.started) - r.started) * 1000.0,
-            tpot_ms=(decode_s * 1000.0 / (n - 1)) if n > 1 else 0.0,
-            decode_tok_s=((n - 1) / decode_s) if decode_s > 0 else 0.0,
-            target_steps=steps,
-            tokens_per_step=((n - 1) / steps) if steps else 0.0,
-            acceptance_rate=(r.accepted_total / r.drafted_total) if r.drafted_total else 0.0,
-            acceptance_by_position=[h / c if c else 0.0 for h, c in zip(r.hits, r.reached)],
-            draft_name=self.draft_name,
-            device=self.device,
-            drafted_total=r.drafted_total,
-            accepted_total=r.accepted_total,
-            draft_step_ms=r.draft_ms,
-            draft_model_ms=r.draft_ms * 0.8,
-            target_ms=r.target_ms,
-        )
+    def metrics(self, request_id: int) -> RequestMetrics:
+        return self._requests[request_id].metrics
 
     # -- internals -------------------------------------------------------------------------------
     def _advance(self, r: _Request) -> StepEvent:
@@ -280,14 +237,6 @@ class FakePipeline:
             accepted = 0
             while accepted < k and self._rng.random() < self.acceptance:
                 accepted += 1
-            for pos in range(k):  # per block position: drafted, and accepted (the engine's measure)
-                if pos >= len(r.reached):
-                    r.reached.append(0)
-                    r.hits.append(0)
-                r.reached[pos] += 1
-                r.hits[pos] += pos < accepted
-            r.drafted_total += k
-            r.accepted_total += accepted
             tokens = list(range(r.produced, r.produced + accepted + 1))
         tokens = tokens[:remaining]
         accepted = min(accepted, len(tokens))
@@ -300,10 +249,12 @@ class FakePipeline:
             else:
                 pieces.append(TextPiece(word, from_draft))
         r.produced += len(tokens)
-        if tokens:
+        if tokens:  # the times the engine takes: TTFT at the first token, decode time up to the latest
             if r.first_token_at is None:
                 r.first_token_at = now
-            r.last_token_at = now
+                r.metrics.ttft_ms = (now - r.started) * 1e3
+            else:
+                r.metrics.decode_ms = (now - r.first_token_at) * 1e3
         done = r.produced >= len(r.words)
         r.finished = done
         if done:
@@ -311,9 +262,6 @@ class FakePipeline:
         jitter = self._rng.uniform(0.9, 1.1)
         draft_ms = 0.0 if (r.step == 0 or not drafted) else (0.2 + 0.05 * len(drafted)) * jitter
         target_ms = (1.0 + 0.1 * len(tokens)) * self._rng.uniform(0.9, 1.1)
-        if r.step:
-            r.draft_ms += draft_ms
-            r.target_ms += target_ms
         confidence = None
         if drafted and self.draft is not None and self.draft.info.has_confidence:
             confidence = [max(0.05, 0.95 - 0.1 * i) for i in range(len(drafted))]
@@ -325,8 +273,10 @@ class FakePipeline:
             confidence=confidence,
             # Each fake step validates its whole window, as an unsplit window of the engine does.
             window_drafted=drafted[:] if drafted else None, window_accepted=accepted if drafted else 0,
+            window_proposed=len(drafted),
         )
         r.step += 1
+        r.metrics.record(ev)
         return ev
 
     def _pace(self, n_tokens: int) -> None:

@@ -63,12 +63,6 @@ def setup_logging(root: Path | None = None) -> Path | None:
     return path
 
 
-def current_log_path() -> Path | None:
-    """The file the log goes to now (None before setup_logging, or when it could not be opened)."""
-    h = _handler()
-    return Path(h.baseFilename) if h is not None else None
-
-
 def install_hooks() -> None:
     """Uncaught exceptions and Qt's warnings go to the log as well as to stderr."""
     logger = logging.getLogger(LOGGER)

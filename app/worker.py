@@ -27,6 +27,7 @@ from app.qt_tracking import TrackedThread
 from engine.config import GenerationConfig
 from engine.description import DraftDescription, EngineDescription
 from engine.errors import ContextLengthError, DeviceError, DFlashError, DraftMismatchError, ModelFolderError
+from engine.metrics import RequestMetrics
 from engine.scheduler import SchedulerConfig
 
 if TYPE_CHECKING:
@@ -157,34 +158,20 @@ def default_loader(target_dir, draft_dir=None, device="CPU", precision="default"
                        scheduler=scheduler or SchedulerConfig(prefix_caching=True), **kw)
 
 
-def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if v == v else None  # drop NaN
-
-
-def stats_from_metrics(metrics: Any, tokens: int, info: EngineInfo | None) -> dict[str, Any]:
-    """Per-message stats: the engine's metrics() (RequestMetrics), and the tokens the reply got. An
-    engine that could not give its metrics gets none made up here (source "none")."""
+def stats_from_metrics(metrics: RequestMetrics | None, tokens: int, info: EngineInfo | None) -> dict[str, Any]:
+    """Per-message stats: the engine's metrics(), and the tokens the reply got. An engine that could not
+    give its metrics gets none made up here (source "none")."""
     s: dict[str, Any] = {}
     if metrics is not None:
-        for key in ("ttft_ms", "tpot_ms", "decode_tok_s", "tokens_per_step", "acceptance_rate"):
-            v = _num(getattr(metrics, key, None))
-            if v is not None:
-                s[key] = v
-        for key in ("target_steps", "cached_tokens"):
-            v = getattr(metrics, key, None)
-            if isinstance(v, int):
-                s[key] = v
-        abp = getattr(metrics, "acceptance_by_position", None)
-        if abp:
-            s["acceptance_by_position"] = [round(float(x), 4) for x in abp]
-        if getattr(metrics, "device", None):
-            s["device"] = str(metrics.device)
-        if getattr(metrics, "draft_name", None):
-            s["draft"] = str(metrics.draft_name)
+        s.update(ttft_ms=metrics.ttft_ms, tpot_ms=metrics.tpot_ms, decode_tok_s=metrics.decode_tok_s,
+                 tokens_per_step=metrics.tokens_per_step, acceptance_rate=metrics.acceptance_rate,
+                 target_steps=metrics.target_steps, cached_tokens=metrics.cached_tokens)
+        if metrics.acceptance_by_position:
+            s["acceptance_by_position"] = [round(x, 4) for x in metrics.acceptance_by_position]
+        if metrics.device:
+            s["device"] = metrics.device
+        if metrics.draft_name:
+            s["draft"] = metrics.draft_name
     s["source"] = "engine" if metrics is not None else "none"
     s["tokens"] = tokens
     if "device" not in s and info is not None:
@@ -232,7 +219,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._loader = loader
         self.flush_interval_s = flush_interval_s
-        self._pipe: Any = None
+        self._pipe: Engine | None = None
         self._info: EngineInfo | None = None
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
@@ -421,7 +408,7 @@ class EngineWorker(QObject):
                 del self._live[lv.rid]
                 self._finish(pipe, lv)
 
-    def _finish(self, pipe: Any, lv: _Live) -> None:
+    def _finish(self, pipe: Engine, lv: _Live) -> None:
         try:
             metrics = pipe.metrics(lv.rid)
         except Exception:  # noqa: BLE001 - the reply is kept; its figures are missing
@@ -476,7 +463,7 @@ class EngineWorker(QObject):
             return
         self.bench_finished.emit(result)
 
-    def _forget(self, pipe: Any, rid: int, tag: str) -> None:
+    def _forget(self, pipe: Engine, rid: int, tag: str) -> None:
         with self._lock:
             self._cancelled.discard(tag)
         # Make sure a failed request does not linger in the engine's scheduler.

@@ -4,7 +4,8 @@ An `Engine` serves many requests through one loop: `add_request` queues a prompt
 runs one target inference for the scheduled requests and returns one `StepEvent` per request that
 emitted or ended, `cancel` ends a request at the next step, `metrics` / `result` read a request's
 figures and output, and `describe()` says what is loaded. `fit_chat` applies the engine's context
-rule to a chat (the oldest turns left out), and the prefix cache is read and cleared through it. `SpeculativePipeline` (the paged engine,
+rule to a chat (the oldest turns left out), `check_fits` refuses a request too large before it runs,
+and the prefix cache is read, cleared and switched through it. `SpeculativePipeline` (the paged engine,
 engine/pipeline.py), `GenAITargetPipeline` (the target alone through openvino_genai, the NPU path,
 engine/genai_target.py) and the app's fake engine all have this shape; `load_engine` picks the first
 two by device, so no consumer needs to know which one it got.
@@ -36,8 +37,18 @@ class Engine(Protocol):
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]: ...
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """The chat template's text for the messages, the assistant's turn begun (ValueError without a template)."""
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a text as it stands, no special tokens added (a continuation of a rendered prompt)."""
+
     def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """The messages that fit the context with max_new_tokens to spare, and how many oldest turns went."""
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """ContextLengthError when a request of this size cannot run (context, KV cache): a bench or a batch
+        checks every prompt before it starts, so none fails midway."""
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int: ...
 
@@ -56,6 +67,9 @@ class Engine(Protocol):
 
     def clear_prefix_cache(self) -> int:
         """Forget every cached prefix; the bytes it held (0 without a cache)."""
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """Turn the prefix cache on or off for the requests added next (a no-op for an engine without one)."""
 
 
 def is_npu(device: str) -> bool:

@@ -17,10 +17,13 @@ from typing import Sequence
 import numpy as np
 
 from engine.config import GenerationConfig
+from engine.context import check_fits_context, context_length
 from engine.errors import DeviceError
 from engine.description import EngineDescription
+from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.metrics import RequestMetrics
+from engine.models.files import read_optional_json_object
 from engine.models.properties import compile_properties
 from engine.models.target import check_target_dir
 from engine.models.tokenizer import IncrementalDetokenizer, Prompt, TextTokenizer
@@ -74,6 +77,8 @@ class GenAITargetPipeline:
 
         check_target_dir(target_dir)
         self.folder = Path(target_dir)
+        self.context_length = context_length(read_optional_json_object(
+            self.folder / "config.json", "export the target again with `dflash-studio export --kind target`."))
         self.device = device
         self.precision = precision
         props = compile_properties(device, precision)
@@ -108,6 +113,12 @@ class GenAITargetPipeline:
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat)
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tokenizer.chat_prompt(list(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def fit_chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> tuple[list[dict[str, str]], int]:
         """Nothing is left out here: openvino_genai applies the device's own prompt limit (NPU's static
         MAX_PROMPT_LEN) and says so when a prompt is too long."""
@@ -118,6 +129,13 @@ class GenAITargetPipeline:
 
     def clear_prefix_cache(self) -> int:
         return 0
+
+    def set_prefix_caching(self, on: bool) -> None:
+        """LLMPipeline here keeps no prefix cache between requests: nothing to switch."""
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """The target's context (its config.json); openvino_genai applies the device's own prompt limit."""
+        check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
 
     def add_request(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None) -> int:
         config = (config or GenerationConfig()).validate()
@@ -234,10 +252,5 @@ class GenAITargetPipeline:
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None,
                  on_event=None) -> GenerationResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it (as the engine)."""
-        rid = self.add_request(prompt, config, chat)
-        while rid not in self._results:
-            for event in self.step():
-                if event.request_id == rid and on_event is not None and on_event(event):
-                    self.cancel(rid)
-        return self.result(rid)
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)

@@ -38,16 +38,6 @@ class PositionCounts:
             self.reached[i] += int(i <= accepted)
             self.accepted[i] += int(i < accepted)
 
-    def add_counts(self, other: "PositionCounts") -> None:
-        for i in range(len(other.verified)):
-            if i >= len(self.verified):
-                self.verified.append(0)
-                self.reached.append(0)
-                self.accepted.append(0)
-            self.verified[i] += other.verified[i]
-            self.reached[i] += other.reached[i]
-            self.accepted[i] += other.accepted[i]
-
     def __len__(self) -> int:
         return len(self.verified)
 

@@ -22,6 +22,7 @@ from engine.conversation import extend_ids
 from engine.devices import NPU_NOTICE
 from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
+from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
 from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
@@ -230,6 +231,12 @@ class SpeculativePipeline:
         blocks = self.target.blocks
         return EngineDescription(self.target_name, self.device, self.precision, "paged", draft, self.target.folder,
                                  self.has_chat_template, blocks.num_blocks * blocks.block_size)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tokenizer.chat_prompt(list(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def encode_prompt(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: text (chat template when the model has one), messages, or ids. A prompt
@@ -772,13 +779,8 @@ class SpeculativePipeline:
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, chat: bool | None = None,
                  on_event: Callable[[StepEvent], object] | None = None) -> GenerationResult:
-        """Run one request to the end; `on_event` returning a truthy value cancels it."""
-        rid = self.add_request(prompt, config, chat)
-        while rid not in self._finished:
-            for event in self.step():
-                if event.request_id == rid and on_event is not None and on_event(event):
-                    self.cancel(rid)
-        return self.result(rid)
+        """Run one request to the end; `on_event` returning a truthy value cancels it (engine/generate.py)."""
+        return generate(self, prompt, config, chat, on_event)
 
 
 def _log(p: float) -> float:

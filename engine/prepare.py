@@ -138,7 +138,7 @@ def prepare_default(
 # ----------------------------------------------------------------------------- shipped drafts
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
-DRAFT_WEIGHT_FORMAT = "int8"  # a draft call reads ~9 MB instead of ~18 MB: 6.6 vs 9.5 ms measured side by side
+DRAFT_WEIGHT_FORMAT = "int8"  # half the bytes of f16 weights read per draft call (docs/benchmarks.md: fp16 against int8)
 
 
 DRAFT_PREFIX = "smollm2-"  # resources/drafts/<prefix>* belong to a target (engine.catalog: one per model)
@@ -295,7 +295,7 @@ def build_hf_folder(gguf_path: Path, out_dir: Path, progress: Progress | None = 
 
 @functools.lru_cache(maxsize=2)
 def _gguf_tokenizer_fields(gguf_path: Path) -> dict[str, Any]:
-    """Tokenizer metadata of the GGUF (cached: parsing 49k strings takes ~2 s)."""
+    """Tokenizer metadata of the GGUF (cached: parsing the whole vocabulary's strings takes seconds)."""
     from engine.gguf_model import read_gguf, required_field
 
     reader = read_gguf(gguf_path)

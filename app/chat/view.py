@@ -99,10 +99,6 @@ class ChatView(QTextBrowser):
     def conversation(self) -> Conversation | None:
         return self._conv
 
-    @property
-    def mark_draft(self) -> bool:
-        return self._mark_draft
-
     def set_mark_draft(self, on: bool) -> None:
         if on != self._mark_draft:
             self._mark_draft = on

@@ -271,9 +271,6 @@ class ModelPanel(QGroupBox):
         return [(p, self._reasons(t, p)) for p in
                 (self.draft_combo.itemData(i, PATH_ROLE) for i in range(1, self.draft_combo.count())) if p]
 
-    def set_loaded(self, text: str) -> None:
-        self.load_state.setText(text)
-
     def set_loading(self, text: str) -> None:
         self._loading = True
         self.load_state.setText(text)

@@ -11,7 +11,7 @@ once and updated with setData; pyqtgraph is never touched from the worker thread
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import time
 
@@ -20,6 +20,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.qt_tracking import TrackedTimer
+from engine.events import StepEvent
 from engine.metrics import RequestMetrics
 
 REDRAW_MS = 40  # 25 Hz while drawing is cheap
@@ -181,7 +182,7 @@ class LivePlots(QWidget):
         self._dirty = True
         self._redraw()
 
-    def add_events(self, events: Iterable[Any]) -> None:
+    def add_events(self, events: Iterable[StepEvent]) -> None:
         for ev in events:
             # The steps and tokens per step are engine.metrics.RequestMetrics' own (the figure under the
             # reply): the prefill and a cancel that ran no inference are not steps; a step counts the
@@ -193,14 +194,14 @@ class LivePlots(QWidget):
             self.steps.append(ev.step)
             self.tokens.append(ev.produced)
             k = len(ev.drafted)
-            self.proposed.append(float(max(getattr(ev, "window_proposed", 0) or 0, k)))
+            self.proposed.append(float(max(ev.window_proposed, k)))
             self.verified.append(float(k))
             self.accepted.append(float(min(ev.accepted, k)))
             t = ev.timings
             self.draft_ms.append(float(t.draft_step_ms))
             self.target_ms.append(float(t.target_ms))
             if k:
-                conf = getattr(ev, "confidence", None)
+                conf = ev.confidence
                 if conf:
                     c = np.asarray(conf[:k], dtype=np.float64)
                     if len(c) > len(self.conf_sum):

@@ -8,15 +8,16 @@ later ones are admitted on the new one (a client naming the old model then gets 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
-from app.worker import EngineController, GenerateRequest
+from app.worker import EngineController, EngineInfo, GenerateRequest
+from engine.api import Engine
+from engine.metrics import RequestMetrics
 from engine.serve.errors import APIError
 from engine.serve.jobs import Job
 from engine.serve.model import ServedModel, served_model
 
 
-def model_for(info: Any) -> ServedModel | None:
+def model_for(info: EngineInfo | None) -> ServedModel | None:
     """The served model of the app's loaded engine (EngineInfo), or None before a load."""
     if info is None:
         return None
@@ -29,7 +30,7 @@ class _Sink:
     def __init__(self, loop: "WorkerLoop", tag: str, job: Job) -> None:
         self.loop, self.tag, self.job = loop, tag, job
 
-    def admit(self, pipe: Any, info: Any) -> int | None:
+    def admit(self, pipe: Engine, info: EngineInfo | None) -> int | None:
         try:
             return self.job.admit(pipe, model_for(info))
         except APIError as err:
@@ -41,7 +42,7 @@ class _Sink:
     def events(self, events: list) -> None:
         self.job.on_events(events)
 
-    def finished(self, reason: str, metrics: Any) -> None:
+    def finished(self, reason: str, metrics: RequestMetrics | None) -> None:
         self._end(lambda: self.job.on_finished(reason, metrics))
 
     def failed(self, message: str) -> None:

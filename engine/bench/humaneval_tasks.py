@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.api import Engine  # openvino_genai; the parser builds without it
 
 COMPLETION = "completion"
 CHAT = "chat"
@@ -45,7 +48,7 @@ def response_start() -> str:
     return f"{RESPONSE_PREFIX}\n```python\n"
 
 
-def prompt_ids(pipe: Any, problem: dict[str, Any], mode: str) -> list[int]:
+def prompt_ids(pipe: Engine, problem: dict[str, Any], mode: str) -> list[int]:
     """Token ids of the problem's prompt in `mode` for an engine (engine/api.py)."""
     if mode == COMPLETION:
         return pipe.encode_prompt(problem["prompt"], chat=False)
@@ -55,11 +58,8 @@ def prompt_ids(pipe: Any, problem: dict[str, Any], mode: str) -> list[int]:
         raise ValueError(f"{pipe.describe().target} has no chat template, so it cannot run HumanEval in chat mode: "
                          "use --mode completion.")
     messages = [{"role": "user", "content": user_turn(problem)}]
-    tok = getattr(pipe, "tokenizer", None)
-    if tok is not None and hasattr(tok, "chat_prompt"):
-        # One string through the tokenizer, as EvalPlus tokenizes the template with the assistant's start.
-        return tok.encode(tok.chat_prompt(messages) + response_start(), add_special_tokens=False)
-    return pipe.encode_prompt(messages) + pipe.encode_prompt(response_start(), chat=False)
+    # One string through the tokenizer, as EvalPlus tokenizes the template with the assistant's start.
+    return pipe.encode_text(pipe.chat_prompt(messages) + response_start())
 
 
 def stop_strings(mode: str) -> list[str]:

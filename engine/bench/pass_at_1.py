@@ -148,12 +148,10 @@ def run_pass_at_1(spec: HumanEvalSpec, progress: Progress | None = None, loader:
 def _generate(runner: EngineRunner, problem: dict[str, Any], mode: str, label: str, spec: HumanEvalSpec,
               checker: Checker) -> tuple[Sample, Any]:
     ids = prompt_ids(runner.pipe, problem, mode)
-    fits = getattr(runner.pipe, "check_fits", None)
-    if fits is not None:
-        try:
-            fits(len(ids), spec.max_new_tokens)
-        except ContextLengthError as exc:
-            raise ContextLengthError(f"{problem['task_id']} ({mode}): {exc}") from exc
+    try:
+        runner.pipe.check_fits(len(ids), spec.max_new_tokens)
+    except ContextLengthError as exc:
+        raise ContextLengthError(f"{problem['task_id']} ({mode}): {exc}") from exc
     req = runner.run([(problem["task_id"], ids)], 1, spec.max_new_tokens).requests[0]
     completion = completion_for(problem, mode, req.text)
     sample = Sample(problem["task_id"], mode, label, completion, req.text, req.token_ids, req.finish_reason,

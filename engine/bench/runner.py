@@ -40,7 +40,7 @@ from engine.bench.spec import (SCHEDULER_FIELDS, BenchSpec, Decoding, effective_
                                spec_command)
 from engine.bench.turns import caching_label, check_turns, fresh_cache, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
-from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, make_policy
+from engine.draft_policy import ADAPTIVE, DEFAULT_POLICY, make_policy
 from engine.errors import ContextLengthError, DFlashError
 
 __all__ = ["BenchResult", "BenchSpec", "Decoding", "Row", "run_bench", "describe_machine", "default_loader"]
@@ -64,13 +64,6 @@ def scheduler_loader(scheduler: Any | None, base: Loader | None = None) -> Loade
         return base
     return lambda target, draft, device="CPU", precision="default": base(
         target, draft, device=device, precision=precision, scheduler=scheduler)
-
-
-def _sum(m: Any, name: str) -> float:
-    v = getattr(m, name, 0.0)
-    if isinstance(v, (list, tuple)):
-        return float(sum(v))
-    return float(v or 0.0)
 
 
 # ---- this engine --------------------------------------------------------------------------------
@@ -157,15 +150,11 @@ class EngineRunner:
         m = res.metrics
         tokens = [int(t) for t in res.token_ids]
         t_first = lv.t_first if lv.t_first is not None else now
-        produced = int(getattr(m, "decode_produced", 0) or 0) or max(len(tokens) - 1, 0)
         return RequestRun(lv.prompt_id, tokens, res.text, (t_first - lv.t_add) * 1e3, (now - lv.t_add) * 1e3,
-                          int(getattr(m, "target_steps", 0)), produced, int(getattr(m, "drafted_total", 0)),
-                          int(getattr(m, "accepted_total", 0)), int(getattr(m, "preemptions", 0) or 0),
-                          int(getattr(m, "verified_total", 0) or getattr(m, "drafted_total", 0)),
-                          int(getattr(m, "windows", 0) or 0),
-                          _sum(m, "draft_step_ms"), _sum(m, "draft_model_ms"), _sum(m, "markov_head_ms"),
-                          _sum(m, "sampling_ms"), _sum(m, "target_ms"), lv.confidence_sum, lv.confidence_n,
-                          str(res.finish_reason or reason))
+                          m.target_steps, m.decode_produced, m.drafted_total, m.accepted_total, m.preemptions,
+                          m.verified_total, m.windows, sum(m.draft_step_ms), sum(m.draft_model_ms),
+                          sum(m.markov_head_ms), sum(m.sampling_ms), sum(m.target_ms), lv.confidence_sum,
+                          lv.confidence_n, str(res.finish_reason or reason))
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -287,7 +276,7 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     say("warming up", None)
     encoder = configs[0].runner
     encoded = [(p.id, encoder.encode(p)) for p in items]
-    check_prompts_fit(getattr(encoder, "pipe", None), encoded, spec.max_new_tokens, spec.dataset)
+    check_prompts_fit(encoder.pipe, encoded, spec.max_new_tokens, spec.dataset)
     top = levels[-1] if levels else 1
     warm = encoded[: max(1, min(top, len(encoded)))]
     kept: list[_Config] = []
@@ -516,15 +505,12 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 240 else text[:237] + "..."
 
 
-def check_prompts_fit(pipe: Any, encoded: list[tuple[str, list[int]]], max_new_tokens: int, dataset: str) -> None:
+def check_prompts_fit(pipe: Engine, encoded: list[tuple[str, list[int]]], max_new_tokens: int, dataset: str) -> None:
     """Every prompt must fit the target's context and KV cache with max_new_tokens, checked before the
     run (a prompt that does not fit would otherwise stop it midway, its results lost)."""
-    check = getattr(pipe, "check_fits", None)
-    if check is None:
-        return
     for pid, ids in encoded:
         try:
-            check(len(ids), max_new_tokens)
+            pipe.check_fits(len(ids), max_new_tokens)
         except ContextLengthError as exc:
             raise ContextLengthError(f"Prompt {pid} of the {dataset} set: {exc}") from exc
 

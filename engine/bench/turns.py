@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from engine.bench.datasets import Prompt
-from engine.bench.report import BatchRun
+from engine.bench.report import ENGINE, BatchRun
 from engine.conversation import extend_ids
 from engine.errors import DFlashError
 
@@ -28,12 +28,13 @@ def caching_label(on: bool) -> str:
 
 
 def fresh_cache(runner: Any) -> None:
-    """Put an engine runner's pipeline in its configuration's prefix-caching setting, with nothing cached."""
-    pipe, want = getattr(runner, "pipe", None), getattr(runner, "prefix_caching", None)
-    if want is not None and hasattr(pipe, "set_prefix_caching"):
-        pipe.set_prefix_caching(want)
-    if hasattr(pipe, "clear_prefix_cache"):
-        pipe.clear_prefix_cache()
+    """Put an engine runner's engine in its configuration's prefix-caching setting, with nothing cached
+    (a peer's runner, openvino_genai's, has no engine of ours: it is left as it is)."""
+    if runner.engine != ENGINE:
+        return
+    if runner.prefix_caching is not None:
+        runner.pipe.set_prefix_caching(runner.prefix_caching)
+    runner.pipe.clear_prefix_cache()
 
 
 def check_turns(prompts: list[Prompt], turns: int) -> None:
@@ -56,16 +57,15 @@ def run_turns(runner: Any, encoder: Any, prompt: Prompt, ids: list[int], turns: 
     ttft = [r.ttft_ms for r in run.requests[:1]]
     if turns < 2 or run.cancelled:
         return run, ttft
-    tok = encoder.pipe.tokenizer
+    renderer = encoder.pipe
     messages = [{"role": "user", "content": prompt.text}]
-    text = tok.chat_prompt(messages)
+    text = renderer.chat_prompt(messages)
     for follow in prompt.followups[: turns - 1]:
         out = run.requests[0]
         seen, seen_ids = text + out.text, ids + list(out.token_ids)
         messages += [{"role": "assistant", "content": out.text}, {"role": "user", "content": follow}]
-        text = tok.chat_prompt(messages)
-        encode = lambda rest: tok.encode(rest, add_special_tokens=False)  # noqa: E731
-        ids = extend_ids(text, [(seen, seen_ids)], encode) or encode(text)
+        text = renderer.chat_prompt(messages)
+        ids = extend_ids(text, [(seen, seen_ids)], renderer.encode_text) or renderer.encode_text(text)
         run = runner.run([(prompt.id, ids)], 1, max_new_tokens, cancel)
         if run.cancelled:
             break
@@ -96,7 +96,7 @@ def per_setting(configs: list[Any], settings: list[bool], turns: int,
     out = []
     several = len(settings) > 1
     for c in configs:
-        if c.row.engine != "engine":
+        if c.row.engine != ENGINE:
             if several:  # openvino_genai without its cache: compared with this engine without
                 off = f" [{caching_label(False)}]"
                 c = replace(c, row=replace(c.row, config=c.row.config + off, baseline=c.row.baseline + off))

@@ -7,7 +7,6 @@ nothing here imports them, so the exports form no import cycle.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -21,6 +20,7 @@ from torch import nn
 
 from engine.drafts.dflash_v1 import DFlashV1Config, DFlashV1Draft
 from engine.export.markov_head import save_head_ir
+from engine.export.target import swap_into_place
 
 DRAFT_XML = "openvino_model.xml"
 WEIGHT_FORMATS = ("fp32", "fp16", "int8")
@@ -180,7 +180,7 @@ def write_draft_folder(input_dir: Path, output_dir: Path, config: Mapping[str, A
         gen_cfg = input_dir / "generation_config.json"
         if gen_cfg.is_file():
             shutil.copy2(gen_cfg, tmp / gen_cfg.name)
-        replace_dir(tmp, output_dir)
+        swap_into_place(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -190,20 +190,3 @@ def write_draft_folder(input_dir: Path, output_dir: Path, config: Mapping[str, A
 def check_weight_format(weight_format: str) -> None:
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
-
-
-def replace_dir(new: Path, dest: Path) -> None:
-    """Move `new` to `dest`; an existing `dest` is swapped out first and removed after."""
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        dest.rename(old)
-    try:
-        new.rename(dest)
-    except BaseException:
-        if old is not None:
-            old.rename(dest)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 Why: the CPU plugin re-plans a graph whose input shapes change. A stateful draft's KV state grows
 by the committed context rows every step, so every call changes the shapes of the whole attention
-path; on SmolLM2's 2-layer draft that re-planning cost ~3 ms per call against ~1 ms of actual
-compute (docs/engine.md, "Draft KV on the host"). With the past keys/values as inputs the host can
+path; on a small draft that re-planning costs more than the call's actual compute (docs/engine.md,
+"Draft KV on the host"). With the past keys/values as inputs the host can
 hand the graph a buffer whose shape only changes when it doubles, pad the new rows to a steady
 count, and the draft call keeps the same shapes step after step.
 
@@ -150,7 +150,7 @@ def split_past_attention(model: ov.Model, kv: list[KVInput]) -> int:
 
     Why: the exported attention concatenates the past keys/values with the new rows and, for GQA,
     repeats them per query head before its SDPA: several copies of the whole cache per layer per
-    call, which made a draft call grow by ~1.7 ms per 1,000 cached rows on SmolLM2 (docs/engine.md).
+    call, so a draft call grew with every cached row (docs/engine.md, "Draft KV on the host").
     Here the query heads of one KV head become extra query rows, the scores against the past and
     against the few new rows are two MatMuls, one softmax covers both, and the two weighted sums
     are added: the cache is read once and never copied. Returns how many attentions were rewritten

@@ -1,16 +1,16 @@
 """A draft's frequency-ranked sub-vocabulary (the FR-Spec idea): its lm_head scores only these tokens.
 
-Why: the lm_head grafted onto the draft is the target's, [vocab, hidden] (49,152 x 576 int8 on
-SmolLM2), read in full on every draft call; it was the largest single part of the call. The
-target's own answers use far fewer tokens (21,863 distinct in 8 M answer tokens; the 16,384 most
-frequent cover 99.3% of held-out answer tokens), so scoring only those makes the call cheaper
-while a token outside the set is simply never drafted. Output does not change: the target still
+Why: the lm_head grafted onto the draft is the target's, [vocab, hidden], read in full on every
+draft call; it was the largest single part of the call. The target's own answers use far fewer
+tokens, and the most frequent of them cover nearly all held-out answer tokens (docs/engine.md, "The
+draft's sub-vocabulary"), so scoring only those makes the call cheaper while a token outside the
+set is simply never drafted. Output does not change: the target still
 verifies every token, and a sampled draft's proposal is the distribution it actually sampled from
 (zero outside the set), which is what exact rejection sampling needs.
 
 A draft folder opts in with `draft_vocabulary.json`: the ids either as a list, {"ids": [...]}, or
-as a bitmap over the vocabulary, {"vocab_size": V, "bitmap": base64 of numpy.packbits} (8 KB for
-SmolLM2 instead of 107 KB: the shipped drafts share a 50 MB budget), plus "source" and
+as a bitmap over the vocabulary, {"vocab_size": V, "bitmap": base64 of numpy.packbits} (an eighth
+of a byte per vocabulary entry: the shipped drafts share a size budget), plus "source" and
 "coverage". `dflash-studio draft-vocab` writes the bitmap form from token counts of the target's
 answers.
 """

@@ -10,10 +10,9 @@ row depend on its neighbours, and both are dealt with:
 - a u8 key cache quantized by channel shares each channel's scale over the tokens of a block, so a
   token's stored key depends on which tokens were written with it: keys are quantized by token.
 "default" computes in f32 with int8 dynamic quantization (the CPU default of bf16 together with
-dynamic quantization breaks SmolLM2's int8 answers: "What is the capital of France?" ->
-"L'Etoile, la Marseillaise"; f32 + dynamic quantization verifies 8 tokens at about 1.3x the cost
-of one, against 2x without it) and a u8 KV cache. "f32" is the reference: f32 compute, f32 KV
-cache, no dynamic quantization (slower: the verify costs about twice a one-row step).
+dynamic quantization breaks SmolLM2's int8 answers; f32 with dynamic quantization makes a window of
+candidates cheap to verify, without it a window costs several one-row steps) and a u8 KV cache.
+"f32" is the reference: f32 compute, f32 KV cache, no dynamic quantization (slower to verify).
 """
 from __future__ import annotations
 

@@ -13,8 +13,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from engine.api import Engine
 from engine.config import GenerationConfig
 from engine.events import StepEvent
+from engine.metrics import RequestMetrics
 from engine.serve.errors import APIError, from_value_error
 from engine.serve.model import ServedModel
 from engine.serve.schemas import (FIELD_NAMES, ChatCompletionRequest, _Sampling, chat_messages, completion_prompt,
@@ -77,9 +79,8 @@ class Job:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, found in the prefix cache (OpenAI's prompt_tokens_details)
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
+    # Its events so far, counted as the engine counts them (steps, windows, acceptance by position).
+    tally: RequestMetrics = field(default_factory=RequestMetrics)
     finish_reason: str | None = None
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
@@ -101,11 +102,25 @@ class Job:
         return self._cancel.is_set()
 
     @property
+    def steps(self) -> int:
+        """Target steps after the prefill so far."""
+        return self.tally.target_steps
+
+    @property
+    def drafted(self) -> int:
+        """Draft candidates the target verified so far."""
+        return self.tally.verified_total
+
+    @property
+    def accepted(self) -> int:
+        return self.tally.accepted_total
+
+    @property
     def ended(self) -> bool:
         return self.state in ("done", "failed", "cancelled")
 
     # -- the engine thread -----------------------------------------------------------------------
-    def admit(self, engine: Any, model: ServedModel | None) -> int:
+    def admit(self, engine: Engine, model: ServedModel | None) -> int:
         """Count the prompt, check it against the context, add it to the engine; APIError when refused."""
         if model is None:
             raise APIError(503, "No model is loaded: load a target in the app first.", "service_unavailable_error")
@@ -143,11 +158,7 @@ class Job:
         logprobs: list[dict[str, Any]] | None = [] if wants_logprobs(self.request) else None
         for ev in events:
             tokens += ev.tokens
-            if ev.step > 0 and (ev.produced or ev.tokens):
-                self.steps += 1
-            if ev.window_drafted is not None:
-                self.drafted += len(ev.window_drafted)
-                self.accepted += ev.window_accepted
+            self.tally.record(ev)
             if logprobs is not None and ev.logprobs is not None:
                 logprobs += [self._logprob(t, lp) for t, lp in zip(ev.tokens, ev.logprobs)]
         self.completion_tokens += len(tokens)
@@ -159,8 +170,8 @@ class Job:
         if text or tokens:
             self.send(Delta(text, tokens, logprobs))
 
-    def on_finished(self, reason: str, metrics: Any) -> None:
-        self.cached_tokens = int(getattr(metrics, "cached_tokens", 0) or 0)
+    def on_finished(self, reason: str, metrics: RequestMetrics | None) -> None:
+        self.cached_tokens = metrics.cached_tokens if metrics is not None else 0
         self.finish_reason = _FINISH.get(reason, reason)
         self.t_end = time.perf_counter()
         self.state = "cancelled" if reason == "cancelled" else "done"
@@ -196,18 +207,19 @@ def model_not_found(asked: str, served: str) -> APIError:
                          "(GET /v1/models lists it).", "invalid_request_error", "model", "model_not_found")
 
 
-def speculative_stats(metrics: Any, job: Job) -> dict[str, Any]:
-    """The per-response extra object (like llama-server's `timings`): what the draft did for this request."""
-    out: dict[str, Any] = {"draft": job.model.draft_name if job.model else None,
-                           "drafted": job.drafted, "accepted": job.accepted, "target_steps": job.steps}
-    if metrics is not None:
-        d = metrics.as_dict() if hasattr(metrics, "as_dict") else {}
-        out.update({k: d[k] for k in ("drafted", "verified", "mean_verified", "accepted", "target_steps", "tokens_per_step",
-                                      "acceptance_rate",
-                                      "acceptance_by_position", "ttft_ms", "tpot_ms", "decode_tok_s", "preemptions")
-                    if k in d})
-        if d.get("draft") is not None:
-            out["draft"] = d["draft"]
-    else:
-        out["acceptance_rate"] = round(job.accepted / job.drafted, 4) if job.drafted else 0.0
+# The speculative object's keys: counts (the job's own count of its events stands in when the engine
+# gave no metrics) and what only the engine knows (times, preemptions).
+_COUNTS = ("drafted", "verified", "mean_verified", "accepted", "target_steps", "tokens_per_step", "acceptance_rate",
+           "acceptance_by_position")
+_ENGINE_ONLY = ("ttft_ms", "tpot_ms", "decode_tok_s", "preemptions")
+
+
+def speculative_stats(metrics: RequestMetrics | None, job: Job) -> dict[str, Any]:
+    """The per-response extra object (like llama-server's `timings`): what the draft did for this request,
+    from the engine's metrics() (or, where the engine could not give them, the job's count of its events)."""
+    d = (metrics if metrics is not None else job.tally).as_dict()
+    keys = _COUNTS + (_ENGINE_ONLY if metrics is not None else ())  # no times made up from the events alone
+    out: dict[str, Any] = {"draft": d["draft"] if d["draft"] is not None else
+                           (job.model.draft_name if job.model else None)}
+    out.update({k: d[k] for k in keys})
     return out

@@ -11,27 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
 
+from engine.api import Engine
 from engine.events import StepEvent
-from engine.metrics import RequestMetrics
 from engine.serve.errors import APIError
 from engine.serve.jobs import Job
 from engine.serve.model import ServedModel
-
-
-class Engine(Protocol):
-    """The engine calls the server makes (engine.pipeline.SpeculativePipeline has them); the lead points
-    this at engine/api.Engine once that lands."""
-
-    def add_request(self, prompt: Sequence[int] | Sequence[dict[str, str]], config=None,
-                    chat: bool | None = None) -> int: ...
-
-    def step(self) -> list[StepEvent]: ...
-
-    def cancel(self, request_id: int) -> None: ...
-
-    def metrics(self, request_id: int) -> RequestMetrics: ...
 
 
 class StepLoop(Protocol):

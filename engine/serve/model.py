@@ -13,24 +13,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from engine.context import context_length
 from engine.models.tokenizer import TextTokenizer
 from engine.serve.errors import bad_request
 
 DEFAULT_CONTEXT = 2048  # when config.json says nothing (never the case for exported targets)
 
 
-def context_length(target_dir: Path) -> int:
-    """The target's context from its config.json (max_position_embeddings; text_config for VLM folders)."""
+def served_context(target_dir: Path) -> int:
+    """The target's context (engine/context.py reads it from config.json), DEFAULT_CONTEXT when it says none."""
     path = Path(target_dir) / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return DEFAULT_CONTEXT
-    for c in (cfg, cfg.get("text_config") or {}):
-        n = c.get("max_position_embeddings")
-        if isinstance(n, int) and n > 0:
-            return n
-    return DEFAULT_CONTEXT
+        cfg = {}
+    return (context_length(cfg) if isinstance(cfg, dict) else None) or DEFAULT_CONTEXT
 
 
 @dataclass
@@ -92,4 +89,4 @@ class ServedModel:
 def served_model(target_dir: str, draft_name: str | None) -> ServedModel:
     """One ServedModel per (target, draft); loading the tokenizer is the only cost."""
     folder = Path(target_dir)
-    return ServedModel(folder, draft_name, TextTokenizer(folder), context_length(folder))
+    return ServedModel(folder, draft_name, TextTokenizer(folder), served_context(folder))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config import GenerationConfig
 from engine.sampling.processors import needs_logits
-from engine.serve.errors import APIError, bad_request
+from engine.serve.errors import bad_request
 
 MAX_STOP_STRINGS = 16
 
@@ -235,7 +235,3 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
             raise bad_request(f"prompt holds {len(p)} prompts: this server takes one prompt per request.", "prompt")
         return p[0]
     return [int(x) for x in p]
-
-
-def as_api_error(exc: BaseException) -> APIError:
-    return exc if isinstance(exc, APIError) else APIError(500, f"{type(exc).__name__}: {exc}", "server_error")

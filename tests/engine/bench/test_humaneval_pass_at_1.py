@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +16,7 @@ from engine.bench.pass_at_1 import TARGET_ALONE, HumanEvalSpec, run_pass_at_1
 from engine.description import EngineDescription
 from engine.errors import DFlashError
 from engine.events import GenerationResult, StepEvent
+from engine.metrics import RequestMetrics
 from engine.scheduler import StepStats
 
 PROBLEMS = humaneval_rows()[:2]  # has_close_elements, separate_paren_groups
@@ -43,9 +43,14 @@ class ScriptedEngine:
     def describe(self) -> EngineDescription:
         return EngineDescription("scripted", "CPU", "default", "fake", has_chat_template=True)
 
-    def encode_prompt(self, prompt, chat=None) -> list[int]:
-        text = prompt if isinstance(prompt, str) else "".join(f"<{m['role']}>{m['content']}" for m in prompt)
+    def chat_prompt(self, messages) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def encode_text(self, text: str) -> list[int]:
         return [ord(c) for c in text]
+
+    def encode_prompt(self, prompt, chat=None) -> list[int]:
+        return self.encode_text(prompt if isinstance(prompt, str) else self.chat_prompt(prompt))
 
     def add_request(self, ids, config=None, chat=None) -> int:
         rid = len(self._done) + len(self._queue)
@@ -60,12 +65,15 @@ class ScriptedEngine:
         entry = next((p["entry_point"] for p in PROBLEMS if f"def {p['entry_point']}(" in text), "?")
         answer = self.answers.get((entry, mode), "    pass\n")
         tokens = [ord(c) for c in answer]
-        self._done[rid] = GenerationResult(answer, tokens, "stop", SimpleNamespace(target_steps=len(tokens)))
+        self._done[rid] = GenerationResult(answer, tokens, "stop", RequestMetrics(target_steps=len(tokens), decode_produced=len(tokens)))
         self.last_step = StepStats(requests=[rid])
         return [StepEvent(rid, 0, tokens=tokens, finished=True, finish_reason="stop")]
 
     def has_unfinished(self) -> bool:
         return bool(self._queue)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        pass  # no context limit
 
     def result(self, rid: int) -> GenerationResult:
         return self._done[rid]

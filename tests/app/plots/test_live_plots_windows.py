@@ -6,7 +6,7 @@ import numpy as np
 
 from app.plots.live import LivePlots
 from engine.events import StepEvent
-from engine.metrics import RequestMetrics
+from engine.metrics import PositionCounts, RequestMetrics
 
 
 def _events() -> list[StepEvent]:
@@ -44,3 +44,38 @@ def test_per_step_marks_and_the_one_position_counter(qtbot) -> None:
     assert "verified 2.7 of 8.0 drafted per window" in plots.summary.text()
     plots.reset()
     assert plots.proposed.n == 0 and not len(plots.acceptance_percent())
+
+
+def test_split_windows_under_concurrency_land_on_the_engines_positions(qtbot, tiny_qwen3_target,
+                                                                       tiny_qwen3_drafts) -> None:
+    """Three requests in one engine under a 3-token budget: windows are validated over several steps, with
+    other requests' rows between their parts. Each request's plot, fed only its own events, shows the
+    acceptance by position of the engine's metrics(): a split window counts once, at the positions of its
+    whole window (a per-step count would put a second part's candidates at positions 1, 2, ...)."""
+    from engine.config import GenerationConfig
+    from engine.draft_policy import ALWAYS
+    from engine.pipeline import SpeculativePipeline
+    from engine.scheduler import SchedulerConfig
+    from fixtures.tiny_drafts import TRAIN_PROMPTS
+
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, tiny_qwen3_drafts["b8_trained"], precision="f32",
+                                    scheduler=SchedulerConfig(max_num_batched_tokens=3))
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_policy=ALWAYS)
+    plots = {pipe.add_request(p, cfg.copy(), chat=False): LivePlots() for p in TRAIN_PROMPTS[:3]}
+    for p in plots.values():
+        qtbot.addWidget(p)
+    by_step = {rid: PositionCounts() for rid in plots}  # what counting each step as a window would give
+    while pipe.has_unfinished():
+        for ev in pipe.step():
+            plots[ev.request_id].add_events([ev])
+            if ev.step:
+                by_step[ev.request_id].add(len(ev.drafted), ev.accepted)
+    split = 0
+    for rid, p in plots.items():
+        m = pipe.metrics(rid)
+        split += m.split_windows
+        assert p.metrics.positions == m.positions and m.windows > 0
+        assert np.allclose(p.acceptance_percent(), 100.0 * np.asarray(m.acceptance_by_position))
+    assert split > 0, "no window was split: the budget did not exercise what this test is about"
+    assert any(by_step[rid] != pipe.metrics(rid).positions for rid in plots), \
+        "split windows that a per-step count places right: the test cannot tell the two apart"
