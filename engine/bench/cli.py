@@ -59,9 +59,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
                         "that pay for their rows, from the draft's calibrated peak probabilities and the measured "
                         "cost of rows (engine/draft_policy.py); 'always' every one; several: each draft row under each")
-    p.add_argument("--reliability", metavar="FILE.svg|FILE.png", default=None,
+    p.add_argument("--reliability", metavar="FILE.svg", default=None,
                    help="write the draft's confidence against observed acceptance (per position, and after the "
-                        "adaptive policy's calibration) as an SVG plot (FILE.png: also rendered to PNG), and its data as FILE.json "
+                        "adaptive policy's calibration) as an SVG plot (`python -m app.plots.svg_png FILE.svg` renders a PNG), and its data as FILE.json "
                         "beside it")
 
 

@@ -8,8 +8,8 @@ per position against the
 observed acceptance (given every candidate before was accepted), and the calibrated values against
 the same outcomes, each with its expected calibration error (ECE: the reached-weighted mean gap
 between a bin's mean value and its observed rate). The SVG is written by hand (no plotting library);
-`FILE.png` writes the SVG beside it and renders it to PNG through Qt's SVG renderer (PySide6, the app's
-own dependency: no new one), for documents that show images but not SVG.
+a PNG for documents that show images but not SVG is the app's to render (`python -m app.plots.svg_png
+FILE.svg`, Qt's SVG renderer), since the engine never imports Qt.
 """
 from __future__ import annotations
 
@@ -108,37 +108,15 @@ def entries_of(reliability: dict[str, dict[str, dict]]) -> list[tuple[str, dict[
 
 
 def check_reliability_path(path: Path) -> None:
-    """Before the run: an .svg or .png name in a folder that can be written."""
-    if path.suffix.lower() not in (".svg", ".png"):
-        raise ValueError(f"--reliability {path}: give a file name ending in .svg or .png (its data goes beside it "
-                         "as .json).")
+    """Before the run: an .svg name in a folder that can be written."""
+    if path.suffix.lower() != ".svg":
+        raise ValueError(f"--reliability {path}: give a file name ending in .svg (its data goes beside it as .json; "
+                         "`python -m app.plots.svg_png FILE.svg` renders a PNG of it).")
     check_writable(path.absolute().parent, "The --reliability file's folder")
 
 
-def png(svg_text: str, path: Path, scale: float = 2.0) -> None:
-    """Render an SVG to a PNG at `scale` (Qt's SVG renderer; an offscreen Qt where no display is set)."""
-    import os
-
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QByteArray
-    from PySide6.QtGui import QColor, QGuiApplication, QImage, QPainter
-    from PySide6.QtSvg import QSvgRenderer
-
-    _app = QGuiApplication.instance() or QGuiApplication([])  # text needs the font database  # noqa: F841
-    renderer = QSvgRenderer(QByteArray(svg_text.encode()))
-    size = renderer.defaultSize()
-    image = QImage(int(size.width() * scale), int(size.height() * scale), QImage.Format.Format_RGB32)
-    image.fill(QColor("white"))
-    painter = QPainter(image)
-    renderer.render(painter)
-    painter.end()
-    if not image.save(str(path), "PNG"):
-        raise OSError(f"could not write {path}")
-
-
 def write_reliability(result: Any, path: Path) -> None:
-    """`path` (an .svg, or a .png with its .svg beside it) and its data as JSON beside it (empty panels when no
-    configuration had confidences)."""
+    """`path` (an .svg) and its data as JSON beside it (empty panels when no configuration had confidences)."""
     check_reliability_path(path)
     entries = entries_of(result.reliability)
     write_plot(entries, path, result.settings.get("command"))
@@ -147,10 +125,7 @@ def write_reliability(result: Any, path: Path) -> None:
 def write_plot(entries: list[tuple[str, dict[str, Any]]], path: Path, command: object = None) -> None:
     data = {title: dict(rel, summary=summary(rel)) for title, rel in entries}
     path.with_suffix(".json").write_text(json.dumps({"command": command, "entries": data}, indent=1))
-    text = svg(entries)
-    path.with_suffix(".svg").write_text(text)
-    if path.suffix.lower() == ".png":
-        png(text, path)
+    path.with_suffix(".svg").write_text(svg(entries))
 
 
 _COUNTS = ("reached", "accepted", "confidence_sum", "predicted_reached", "predicted_accepted", "predicted_sum")
@@ -170,7 +145,7 @@ def merge(rels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m engine.bench.reliability OUT.png|OUT.svg RUN.json...`: one plot of several runs' --reliability
+    """`python -m engine.bench.reliability OUT.svg RUN.json...`: one plot of several runs' --reliability
     data (each title's counts summed over the runs that have it; titles name the run's --dataset)."""
     import argparse
 

@@ -1,4 +1,4 @@
-"""The reliability plot: the SVG, its PNG rendering (Qt's SVG renderer) and several runs' counts merged into one."""
+"""The reliability plot: the SVG with its data beside it, and several runs' counts merged into one."""
 from __future__ import annotations
 
 import json
@@ -21,11 +21,10 @@ def _rel(seed: int) -> dict:
     return cal.reliability()
 
 
-def test_the_plot_as_png_with_its_svg_and_data_beside_it(tmp_path) -> None:
-    out = tmp_path / "rel.png"
+def test_the_plot_as_svg_with_its_data_beside_it(tmp_path) -> None:
+    out = tmp_path / "rel.svg"
     write_plot([("a draft [greedy]", _rel(0))], out, "bench ...")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
-    assert out.with_suffix(".svg").read_text().startswith("<svg")
+    assert out.read_text().startswith("<svg")
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["command"] == "bench ..." and data["entries"]["a draft [greedy]"]["summary"]["ece_raw"] > 0.1
 
@@ -37,7 +36,16 @@ def test_runs_merge_by_summing_their_counts(tmp_path) -> None:
     assert sum(m["predicted_reached"]) == sum(a["predicted_reached"]) + sum(b["predicted_reached"])
     for i, rel in enumerate((a, b)):
         write_plot([("x [greedy]", rel), ("y [greedy]", rel)], tmp_path / f"r{i}.svg")
-    main([str(tmp_path / "both.png"), str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--only", "x"])
+    main([str(tmp_path / "both.svg"), str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--only", "x"])
     both = json.loads((tmp_path / "both.json").read_text())["entries"]
     assert list(both) == ["x [greedy] (2 runs)"]
     assert both["x [greedy] (2 runs)"]["summary"]["reached"] == summary(m)["reached"]
+
+
+def test_a_png_name_is_refused_before_the_run_with_the_way_to_render_one(tmp_path) -> None:
+    import pytest
+
+    from engine.bench.reliability import check_reliability_path
+
+    with pytest.raises(ValueError, match="app.plots.svg_png"):
+        check_reliability_path(tmp_path / "rel.png")
