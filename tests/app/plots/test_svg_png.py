@@ -1,25 +1,15 @@
 """The app-side PNG of the bench's reliability SVG (Qt's SVG renderer)."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from app.plots.svg_png import main
 from engine.bench.reliability import write_plot
-from engine.draft_policy import Calibration
+from fixtures.reliability import overconfident_reliability
 
 
 def test_the_reliability_svg_renders_to_a_png(tmp_path) -> None:
-    rng = random.Random(0)
-    cal = Calibration()
-    for _ in range(300):
-        conf = [rng.random() for _ in range(4)]
-        accepted = 0
-        while accepted < 4 and rng.random() < conf[accepted] ** 2:
-            accepted += 1
-        cal.observe(conf, accepted, [cal(j, c) for j, c in enumerate(conf)])
-    write_plot([("a draft [greedy]", cal.reliability())], tmp_path / "rel.svg")
+    write_plot([("a draft [greedy]", overconfident_reliability(0, 300))], tmp_path / "rel.svg")
     main([str(tmp_path / "rel.svg")])
     out = tmp_path / "rel.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000

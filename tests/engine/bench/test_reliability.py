@@ -2,23 +2,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 from engine.bench.reliability import main, merge, summary, write_plot
-from engine.draft_policy import Calibration
-
-
-def _rel(seed: int) -> dict:
-    """An overconfident draft: the target accepts a candidate of peak c with chance c**2."""
-    rng = random.Random(seed)
-    cal = Calibration()
-    for _ in range(400):
-        conf = [rng.random() for _ in range(4)]
-        accepted = 0
-        while accepted < 4 and rng.random() < conf[accepted] ** 2:
-            accepted += 1
-        cal.observe(conf, accepted, [cal(j, c) for j, c in enumerate(conf)])
-    return cal.reliability()
+from fixtures.reliability import overconfident_reliability as _rel
 
 
 def test_the_plot_as_svg_with_its_data_beside_it(tmp_path) -> None:
