@@ -191,21 +191,22 @@ class DecodeStep:
     def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int) -> torch.Tensor:
         """Logits [B, V] (float32) of writing `tok` [B] at positions `pos` [B] into cache slot `slot`.
         On the graph path the result is the graph's output buffer: read it before the next call."""
-        if not self.want_graph:  # the growing-prefix step: on CPU it matches HF generate token for token
-            return self.sm.forward(tok[:, None], pos[:, None], self.caches, slot, self.key_ok)
-        self.tok.copy_(tok[:, None])
-        self.pos.copy_(pos[:, None])
-        self.slot.fill_(slot)
-        if self.graph is None:
-            try:
-                self._capture()
-            except RuntimeError as e:  # an op this torch cannot capture: the eager step still works
-                torch.cuda.synchronize()
-                self.want_graph, self.graph = False, None
-                print(f"fast_generate: CUDA graph capture failed ({e}); decoding eagerly", flush=True)
-                return self.sm.forward(tok[:, None], pos[:, None], self.caches, slot, self.key_ok)
-        self.graph.replay()
-        return self.out
+        if self.want_graph:
+            self.tok.copy_(tok[:, None])
+            self.pos.copy_(pos[:, None])
+            self.slot.fill_(slot)
+            if self.graph is None:
+                try:
+                    self._capture()
+                except RuntimeError as e:  # an op this torch cannot capture: the eager step still works
+                    torch.cuda.synchronize()
+                    self.want_graph, self.graph = False, None
+                    print(f"fast_generate: CUDA graph capture failed ({e}); decoding eagerly", flush=True)
+            if self.graph is not None:
+                self.graph.replay()
+                return self.out
+        # the growing-prefix step: on CPU it matches HF generate token for token
+        return self.sm.forward(tok[:, None], pos[:, None], self.caches, slot, self.key_ok)
 
 
 def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new_tokens: int, eos_id: int,
@@ -252,6 +253,7 @@ def static_generate_batch(sm: StaticLlama, prompts: Sequence[Sequence[int]], new
             keep = (~done).nonzero().squeeze(1)
             rows, tok, next_pos, ok, done = rows[keep], tok[keep], next_pos[keep], ok[keep], done[keep]
             caches = [(k[keep], v[keep]) for k, v in caches]
+            graphed = step.want_graph  # a capture that failed is not tried again for this batch
             del step
             step = DecodeStep(sm, caches, ok, graphed)
         logits = step(tok, next_pos, width + t)
