@@ -165,19 +165,28 @@ def build_flat_data(
 
 
 def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], answers: dict[str, list[int]],
-                               gib: float, bytes_per_token: int, log: Log = print) -> list[Any]:
-    """The training rows (in order) whose features fit in `gib` GiB together with the held-out rows'."""
+                               gib: float, bytes_per_token: int, log: Log = print, seed: int = 0) -> list[Any]:
+    """The training rows whose features fit in `gib` GiB together with the held-out rows', in their order.
+
+    When not all fit, a seeded uniform sample is kept, so every source stays in proportion: a prefix
+    of the stage's rows (newest sources first) dropped the oldest sources whole, and a stage run on
+    one GPU then trained on its new turns alone and lost what the held-out rows measure."""
     if not gib:
         return list(train_rows)
-    room, kept = int(gib * 2**30 / bytes_per_token), []
-    room -= sum(len(r.ids) + len(answers[r.id]) for r in held)
-    for r in train_rows:
-        room -= len(r.ids) + len(answers[r.id])
-        if room < 0:
+    room = int(gib * 2**30 / bytes_per_token) - sum(len(r.ids) + len(answers[r.id]) for r in held)
+    if sum(len(r.ids) + len(answers[r.id]) for r in train_rows) <= room:
+        return list(train_rows)
+    order = list(range(len(train_rows)))
+    random.Random(seed).shuffle(order)
+    keep: set[int] = set()
+    for i in order:
+        size = len(train_rows[i].ids) + len(answers[train_rows[i].id])
+        if size > room:
             break
-        kept.append(r)
-    if len(kept) < len(train_rows):
-        log(f"features: {len(kept)} of {len(train_rows)} training rows fit in {gib} GiB")
+        room -= size
+        keep.add(i)
+    kept = [r for i, r in enumerate(train_rows) if i in keep]
+    log(f"features: {len(kept)} of {len(train_rows)} training rows fit in {gib} GiB (a uniform sample)")
     return kept
 
 

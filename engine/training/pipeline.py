@@ -192,7 +192,7 @@ def stage_rows(opts: RunOptions, stage_index: int, by_source: dict[str, list[Pro
     """(held-out rows, training rows) of a stage: the held-out set is the first `heldout` rows of the
     shuffled first stage's sources (the same for every stage, so τ compares across stages); the
     training rows are this stage's new sources shuffled together, then the earlier stages' rows
-    (newest first), so a feature cap trims the oldest rows first."""
+    (newest first), so a `--prompts` cap trims the oldest rows first (the feature cap samples)."""
     r = opts.recipe
     all_stages = stage_list(RunOptions(**{**opts.__dict__, "stage": ""}))
     first = [row for s in all_stages[0].sources for row in by_source.get(s, [])]
@@ -350,7 +350,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         train_rows = [x for x in train_rows if x.id in answers]
         per_token = len(plan.shape.taps) * info.hidden_size * (2 if dev.type != "cpu" else 4)
         budget_rows = rows_within_feature_budget(held, train_rows, answers, r.data.max_feature_gib * world.size,
-                                                 per_token, log)
+                                                 per_token, log, r.data.seed)
         mine = ddp.shard(budget_rows, world)
         rows = held + mine
         feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32
