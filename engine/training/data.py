@@ -173,19 +173,19 @@ def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], a
     one GPU then trained on its new turns alone and lost what the held-out rows measure."""
     if not gib:
         return list(train_rows)
+    sizes = [len(r.ids) + len(answers[r.id]) for r in train_rows]
     room = int(gib * 2**30 / bytes_per_token) - sum(len(r.ids) + len(answers[r.id]) for r in held)
-    if sum(len(r.ids) + len(answers[r.id]) for r in train_rows) <= room:
+    if sum(sizes) <= room:
         return list(train_rows)
     order = list(range(len(train_rows)))
     random.Random(seed).shuffle(order)
-    keep: set[int] = set()
+    keep: list[int] = []
     for i in order:
-        size = len(train_rows[i].ids) + len(answers[train_rows[i].id])
-        if size > room:
+        if sizes[i] > room:
             break
-        room -= size
-        keep.add(i)
-    kept = [r for i, r in enumerate(train_rows) if i in keep]
+        room -= sizes[i]
+        keep.append(i)
+    kept = [train_rows[i] for i in sorted(keep)]
     log(f"features: {len(kept)} of {len(train_rows)} training rows fit in {gib} GiB (a uniform sample)")
     return kept
 
