@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DSPARK, load_draft, save_draft
 from engine.training import distributed as ddp
@@ -374,6 +374,12 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                                      r.eval.top_k, settings.bf16)
             return tau(res, main_walk)
 
+        start = starting_tau(init_note, work / f"stage-{si}", world,
+                             lambda: tau(heldout_acceptance(draft, data, held_idx[: r.eval.rows], embed, lm_head, cands,
+                                                            (main_walk,), r.eval.top_k, settings.bf16), main_walk))
+        if start:
+            log(f"stage {stage.name}: held-out tau of the starting weights: "
+                + ", ".join(f"{n} {v:.3f}" for n, v in start.items()))
         res = train(draft, data, torch.arange(len(held), len(rows)), embed, lm_head, settings, r.loss,
                     work / f"stage-{si}.pt", True, log, world, during if settings.eval_every else None)
         if not world.main:
@@ -392,7 +398,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                  "data": {**fstats, "heldout": len(held), "train_rows": len(budget_rows),
                           "kinds": _count(x.kind for x in budget_rows), "answered": len(todo)},
                  "loss": [[s, l] for s, l, _ in res["losses"]], "loss_parts": [p for _, _, p in res["losses"]],
-                 "heldout_during": res["evals"], "heldout": acc,
+                 "heldout_during": res["evals"], "heldout_start": start, "heldout": acc,
                  "heldout_tau": tau(acc, main_walk), "walk": main_walk}
         record["stages"] = [s for s in record["stages"] if s["name"] != stage.name] + [entry]
         (work / "record.json").write_text(json.dumps({"stages": record["stages"]}), encoding="utf-8")
@@ -405,6 +411,23 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
     if not world.main:
         return None
     return finish(opts, plan, prev_dir, record, answers, info, log, t_run)
+
+
+def starting_tau(init_note: str, stem: Path, world: ddp.World,
+                 measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Held-out τ of the weights a stage starts from (a loaded draft, not a fresh one), so a
+    fine-tuning stage shows what it gained. Measured once, before the first step, and kept beside
+    the stage's checkpoint so that a resumed run still reports it."""
+    keep = stem.with_suffix(".start.json")
+    if not init_note.startswith(("all weights", "the weights of")) or not world.main:
+        return {}
+    if keep.is_file():
+        return json.loads(keep.read_text(encoding="utf-8"))
+    if stem.with_suffix(".pt").is_file():
+        return {}
+    got = measure()
+    keep.write_text(json.dumps(got), encoding="utf-8")
+    return got
 
 
 def _count(kinds: Any) -> dict[str, int]:

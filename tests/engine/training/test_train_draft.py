@@ -156,6 +156,26 @@ def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: P
     assert Path(out[-1]) == tmp_path / "run" / "checkpoint"
 
 
+def test_a_stage_from_given_weights_reports_their_heldout_tau(tiny_qwen3_hf: Path, tmp_path: Path, capsys,
+                                                              single_thread) -> None:
+    """A fine-tuning run (--init) measures the weights it starts from on its held-out rows, so its
+    record shows what the stage gained: here the weights are the first run's result, and the same
+    held-out rows must give the first run's final τ again."""
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=20)
+    base = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--recipe", str(recipe), "--device", "cpu",
+            "--no-export"]
+    code, out, err = _run(capsys, *base, "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]
+    assert first["heldout_start"] == {}  # a fresh draft has nothing to compare with
+    code, _, err = _run(capsys, *base, "--out", str(tmp_path / "b"), "--init", out[-1], "--steps", "5")
+    assert code == 0, err
+    assert "held-out tau of the starting weights" in err
+    start = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]["heldout_start"]
+    assert start.keys() == first["heldout_tau"].keys()
+    assert start == pytest.approx(first["heldout_tau"], abs=1e-6)
+
+
 def _data_recipe(path: Path, seed: int) -> Path:
     path.write_text(f'''variant = "dspark"
 [data]
