@@ -164,6 +164,27 @@ def build_flat_data(
     return data, stats
 
 
+def _shuffled(n: int, seed: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def answering_order(held: Sequence[Any], train_rows: Sequence[Any], seed: int) -> list[Any]:
+    """The held-out rows, then the training rows in a seeded random order: answering in this order
+    and stopping once the features are full (`features_full`) answers a uniform sample of the stage,
+    not every row only to drop half of them at the feature cap."""
+    return list(held) + [train_rows[i] for i in _shuffled(len(train_rows), seed)]
+
+
+def features_full(rows: Sequence[Any], answers: dict[str, list[int]], gib: float, bytes_per_token: int) -> bool:
+    """Whether the answered rows among `rows` already hold more feature tokens than `gib` GiB."""
+    if not gib:
+        return False
+    used = sum(len(r.ids) + len(answers[r.id]) for r in rows if r.id in answers)
+    return used > int(gib * 2**30 / bytes_per_token)
+
+
 def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], answers: dict[str, list[int]],
                                gib: float, bytes_per_token: int, log: Log = print, seed: int = 0) -> list[Any]:
     """The training rows whose features fit in `gib` GiB together with the held-out rows', in their order.
@@ -177,8 +198,7 @@ def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], a
     room = int(gib * 2**30 / bytes_per_token) - sum(len(r.ids) + len(answers[r.id]) for r in held)
     if sum(sizes) <= room:
         return list(train_rows)
-    order = list(range(len(train_rows)))
-    random.Random(seed).shuffle(order)
+    order = _shuffled(len(train_rows), seed)
     keep: list[int] = []
     for i in order:
         if sizes[i] > room:

@@ -5,9 +5,9 @@ Phases, each kept under OUT/work so that a killed or split run resumes where it 
      that a refusal would waste); what the run will take is printed;
   2. prompts: the offline sources (prompts.jsonl.gz) and the benchmark 8-gram hashes;
   3. per stage: the sampled sources the stage adds (the target writes user turns), the target's
-     answers to every row not yet answered (answers.jsonl.gz), the tapped features, training from
-     the stage's starting weights (stage-N.pt checkpoints), held-out τ; a finished stage writes
-     stage-N.json and its public-format weights (stage-N/);
+     answers in a seeded random order until the features are full (answers.jsonl.gz), the tapped
+     features, held-out τ of loaded starting weights, training (stage-N.pt checkpoints), held-out
+     τ; a finished stage writes stage-N.json and its public-format weights (stage-N/);
   4. output: OUT/checkpoint (the public layout `export --kind draft` reads), OUT/openvino (the draft
      folder the app loads, with the sub-vocabulary of the answers) and OUT/training.json.
 
@@ -150,7 +150,10 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     scale = REF_PARAMS / max(info.num_params, 1)
     fast = 1.0 if dev != "cpu" else CPU_FACTOR
     rows = max(plan.counts.values() or [0])
-    answer_tokens = sum(plan.counts.values()) * r.data.new_tokens * 0.8
+    ranks = ddp.world_from_env().size
+    row_bytes = (r.data.new_tokens * 0.8 + 100) * len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4)
+    cap_rows = r.data.max_feature_gib * ranks * 2**30 / row_bytes if r.data.max_feature_gib else float("inf")
+    answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full
     steps = sum(opts.steps or r.stage_settings(s).steps for s in plan.stages)
     budgets = [opts.time_budget_s or r.stage_settings(s).time_budget_s or 0 for s in plan.stages]
     st = r.train
@@ -159,7 +162,6 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
                   for b, steps_i in zip(budgets, [opts.steps or r.stage_settings(s).steps for s in plan.stages]))
     sampled = {n for st in plan.stages for n in st.sources if source(opts, n).sampled}
     answer_tokens += sum(source(opts, n).count * source(opts, n).max_new * 0.6 for n in sampled)
-    ranks = ddp.world_from_env().size
     gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale) / ranks
     feat_gib = rows * (r.data.new_tokens + 100) * len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4) / 2**30
     if r.data.max_feature_gib:
@@ -293,7 +295,8 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                  work: Path, log: Log, world: ddp.World, dev: Any, t_run: float) -> Path | None:
     import torch
 
-    from engine.training.data import build_flat_data, generate_answers, load_answers, rows_within_feature_budget, save_answers
+    from engine.training.data import (answering_order, build_flat_data, features_full, generate_answers, load_answers,
+                                      rows_within_feature_budget, save_answers)
     from engine.training.evaluate import WALKS, heldout_acceptance, tau
     from engine.training.packing import target_weights
     from engine.training.target_loader import load_target
@@ -330,27 +333,36 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
             if src.sampled and name not in by_source:
                 by_source[name] = sampled_source(opts, src, tok, target, info, bench, by_source, work, log, world)
         held, train_rows = stage_rows(opts, si, by_source)
-        # ---- answers (each rank its share of the rows not answered yet)
-        todo = [x for x in held + train_rows if x.id not in answers]
+        # ---- answers (each rank its share of the rows not answered yet), until the features are full
+        per_token = len(plan.shape.taps) * info.hidden_size * (2 if dev.type != "cpu" else 4)
+        gib = r.data.max_feature_gib * world.size
+        order = answering_order(held, train_rows, r.data.seed)
         chunk = ANSWER_CHUNK_BATCHES * r.data.gen_batch * world.size  # saved after each: a kill loses one chunk
-        for c0 in range(0, len(todo), chunk):
-            mine = ddp.shard(todo[c0: c0 + chunk], world)
+        asked = 0
+        for c0 in range(0, len(order), chunk):
+            if features_full(order[:c0], answers, gib, per_token):
+                log(f"answers: the features of the first {c0} rows fill {gib:g} GiB; the other {len(order) - c0} "
+                    "are not answered")
+                break
+            todo = [x for x in order[c0: c0 + chunk] if x.id not in answers]
+            if not todo:
+                continue
+            mine = ddp.shard(todo, world)
             t0 = time.time()
             got = generate_answers(target, [x.ids for x in mine], r.data.new_tokens, r.data.gen_batch, info.eos_id,
                                    info.pad_id, None, log, r.data.seed, static, gen_dtype)
             new = {x.id: a for x, a in zip(mine, got) if a is not None}
             answers.update(ddp.gather_dicts(world, new))
+            asked += len(todo)
             n_tok = sum(len(a) for a in new.values())
-            log(f"answers: {min(c0 + chunk, len(todo))} of {len(todo)} ({len(new)} on this rank, {n_tok} tokens, "
+            log(f"answers: {min(c0 + chunk, len(order))} of {len(order)} rows ({len(new)} on this rank, {n_tok} tokens, "
                 f"{time.time() - t0:.0f}s)")
             if world.main:
                 save_answers(cache, [x for rows_ in by_source.values() for x in rows_], answers)
             ddp.barrier(world)
         held = [x for x in held if x.id in answers]
         train_rows = [x for x in train_rows if x.id in answers]
-        per_token = len(plan.shape.taps) * info.hidden_size * (2 if dev.type != "cpu" else 4)
-        budget_rows = rows_within_feature_budget(held, train_rows, answers, r.data.max_feature_gib * world.size,
-                                                 per_token, log, r.data.seed)
+        budget_rows = rows_within_feature_budget(held, train_rows, answers, gib, per_token, log, r.data.seed)
         mine = ddp.shard(budget_rows, world)
         rows = held + mine
         feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32
@@ -396,7 +408,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                  "seconds": res["seconds"], "gpu_seconds": round(res["seconds"] * world.size, 1) if dev.type != "cpu" else 0,
                  "wall_seconds": round(time.time() - t_stage, 1), "settings": asdict(settings),
                  "data": {**fstats, "heldout": len(held), "train_rows": len(budget_rows),
-                          "kinds": _count(x.kind for x in budget_rows), "answered": len(todo)},
+                          "kinds": _count(x.kind for x in budget_rows), "answered": asked},
                  "loss": [[s, l] for s, l, _ in res["losses"]], "loss_parts": [p for _, _, p in res["losses"]],
                  "heldout_during": res["evals"], "heldout_start": start, "heldout": acc,
                  "heldout_tau": tau(acc, main_walk), "walk": main_walk}

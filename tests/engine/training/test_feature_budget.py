@@ -33,3 +33,24 @@ def test_rows_that_fit_are_all_kept() -> None:
     rows = _rows("a", 50)
     answers = {r.id: [2] * 10 for r in rows}
     assert rows_within_feature_budget(rows[:5], rows[5:], answers, 1.0, 1, log=lambda *_: None) == rows[5:]
+
+
+def test_answering_stops_at_a_uniform_sample_once_the_features_are_full() -> None:
+    from engine.training.data import answering_order, features_full
+
+    held, rows = _rows("held", 5), _rows("new", 300) + _rows("old", 300)
+    order = answering_order(held, rows, seed=1)
+    assert order[:5] == held and sorted(r.id for r in order[5:]) == sorted(r.id for r in rows)
+    assert order == answering_order(held, rows, seed=1) and order != answering_order(held, rows, seed=2)
+    gib = 200 * 20 / 2**30                                 # room for 200 rows of 20 tokens at 1 byte a token
+    answers: dict[str, list[int]] = {}
+    answered = 0
+    for c0 in range(0, len(order), 50):                    # as the pipeline answers: chunk by chunk
+        if features_full(order[:c0], answers, gib, 1):
+            break
+        answers.update({r.id: [2] * 10 for r in order[c0: c0 + 50]})
+        answered = c0 + 50
+    assert answered == 250                                 # 205 rows fill it; the chunk that crossed is the last
+    share_old = sum(r.kind == "old" for r in order[5:answered]) / (answered - 5)
+    assert 0.35 < share_old < 0.65
+    assert not features_full(order, {}, gib, 1) and not features_full(order, answers, 0, 1)
