@@ -387,7 +387,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
             return tau(res, main_walk)
 
         start = starting_tau(init_note, work / f"stage-{si}", world,
-                             lambda: tau(heldout_acceptance(draft, data, held_idx[: r.eval.rows], embed, lm_head, cands,
+                             lambda: tau(heldout_acceptance(draft.to(dev), data, held_idx[: r.eval.rows], embed, lm_head, cands,
                                                             (main_walk,), r.eval.top_k, settings.bf16), main_walk))
         if start:
             log(f"stage {stage.name}: held-out tau of the starting weights: "
