@@ -598,8 +598,9 @@ def finish(opts: RunOptions, plan: Plan, last: Path | None, record: dict[str, An
     if not opts.export:
         return ckpt
     from engine.export.draft import export_draft
+    from engine.prepare import DRAFT_WEIGHT_FORMAT
 
-    out = export_draft(ckpt, opts.out / "openvino", weight_format="fp32")
+    out = export_draft(ckpt, opts.out / "openvino", weight_format=DRAFT_WEIGHT_FORMAT)  # as the app ships its drafts
     log(f"done in {time.time() - t_run:.0f}s: {out}")
     return out
 
