@@ -169,9 +169,10 @@ class MarkovHead(nn.Module):
             e = e * torch.sigmoid(self.gate_proj(torch.cat([h, e], dim=-1)))
         return e
 
-    def dense_bias(self, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """prev [...] ids, hidden [..., H] -> [..., V]."""
-        return self.markov_w2(self.modulated(prev, hidden))
+    def dense_bias(self, prev: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """prev [...] ids, hidden [..., H] -> [..., V], or [..., S] over the sub-vocabulary `ids` [S]."""
+        m = self.modulated(prev, hidden)
+        return self.markov_w2(m) if ids is None else m @ self.markov_w2.weight[ids].T
 
     def edge_bias(self, pred: torch.Tensor, cand: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """pred, cand [R, K] ids, hidden [R, H] -> [R, K, K] (edge_bias[r, i, j] for pred i, cand j)."""
@@ -254,8 +255,8 @@ class DSparkDraft(DFlashV1Draft):
     def edge_bias(self, pred: torch.Tensor, cand: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.markov_head.edge_bias(pred, cand, hidden)
 
-    def dense_bias(self, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return self.markov_head.dense_bias(prev, hidden)
+    def dense_bias(self, prev: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.markov_head.dense_bias(prev, hidden, ids)
 
     def head_weights(self) -> HeadWeights | None:
         """The Markov head (and a Markov-reading confidence head) as numpy weights for the head IRs."""

@@ -132,12 +132,17 @@ def read_answer_rows(path: Path, field: str = "answer") -> list[list[int]]:
     return rows
 
 
+def top_ids(counts: np.ndarray, size: int = DEFAULT_SIZE) -> np.ndarray:
+    """The `size` most frequent ids (ties by id), sorted: the set a draft folder's vocabulary keeps."""
+    if not 0 < size <= counts.size:
+        raise ValueError(f"size must be between 1 and the vocabulary size {counts.size}, got {size}")
+    return np.sort(np.argsort(-counts, kind="stable")[:size])
+
+
 def write_draft_vocabulary(folder: Path, counts: np.ndarray, size: int = DEFAULT_SIZE, source: str = "",
                            heldout: np.ndarray | None = None) -> dict:
     """Keep the `size` most frequent ids (ties by id); returns what was written (with the coverages)."""
-    if not 0 < size <= counts.size:
-        raise ValueError(f"size must be between 1 and the vocabulary size {counts.size}, got {size}")
-    ids = np.sort(np.argsort(-counts, kind="stable")[:size])
+    ids = top_ids(counts, size)
     bits = np.zeros(counts.size, np.uint8)
     bits[ids] = 1
     record = {"vocab_size": int(counts.size), "size": int(size),

@@ -23,6 +23,7 @@ from engine.drafts.dspark import DSparkDraft
 from engine.drafts.dspark import reference_step as dspark_step
 from engine.drafts.walks import WalkResult, as_tensor, run_backbone
 from engine.training.data import FlatData
+from engine.training.losses import SubVocab
 from engine.training.packing import packed_inputs, tapped_hidden, target_weights
 
 WALKS = ("none", "topk", "dense")
@@ -51,14 +52,17 @@ def tau(result: dict[str, Any], mode: str) -> dict[str, float]:
 
 @torch.no_grad()
 def walk_blocks(draft: DFlashV1Draft, h: torch.Tensor, unary: torch.Tensor, anchor_ids: torch.Tensor, mode: str,
-                top_k: int) -> torch.Tensor:
+                top_k: int, ids: torch.Tensor | None = None) -> torch.Tensor:
     """h [M, n, H] (the candidate rows), unary [M, n, V] (float32), anchor_ids [M] -> drafted tokens
-    [M, n] for one walk. "topk" is DSpark's Top-K scorer or DFlash v2's selector walk (the same lattice)."""
+    [M, n] for one walk. "topk" is DSpark's Top-K scorer or DFlash v2's selector walk (the same lattice).
+    `ids` [S]: unary is over this sub-vocabulary (V = S), as the exported draft scores it."""
     m, n, _ = unary.shape
+    to_ids = (lambda x: x) if ids is None else (lambda x: ids[x])
     if mode == "none" or not has_head(draft):
-        return unary.argmax(-1)
+        return to_ids(unary.argmax(-1))
     if mode == "topk":
         vals, cand = torch.topk(unary, top_k, dim=-1)  # [M, n, K], best first
+        cand = to_ids(cand)
         pred = torch.empty_like(cand)
         pred[:, 0] = anchor_ids[:, None]
         pred[:, 1:] = cand[:, :-1]
@@ -78,8 +82,8 @@ def walk_blocks(draft: DFlashV1Draft, h: torch.Tensor, unary: torch.Tensor, anch
         prev = anchor_ids
         out = []
         for p in range(n):
-            logits = unary[:, p] + draft.dense_bias(prev, h[:, p]).float()
-            prev = logits.argmax(-1)
+            logits = unary[:, p] + draft.dense_bias(prev, h[:, p], ids).float()
+            prev = to_ids(logits.argmax(-1))
             out.append(prev)
         return torch.stack(out, 1)
     raise ValueError(f"mode must be one of {', '.join(WALKS)}, got {mode!r}")
@@ -88,7 +92,7 @@ def walk_blocks(draft: DFlashV1Draft, h: torch.Tensor, unary: torch.Tensor, anch
 @torch.no_grad()
 def accepted_lengths(draft: DFlashV1Draft, data: FlatData, rows: Sequence[int], n_cand: int,
                             embed: torch.Tensor, lm_head: torch.Tensor, modes: Sequence[str], top_k: int, bf16: bool,
-                            max_blocks: int = 4096) -> dict[str, list[torch.Tensor]]:
+                            max_blocks: int = 4096, vocab: SubVocab | None = None) -> dict[str, list[torch.Tensor]]:
     """For every anchor a in [P, P+G-1-n] of each row: how many of the n candidates each walk drafts
     (block [x_a, MASK x (n-1)] for DSpark, [x_a, MASK x n] for DFlash v2 (offset 1), context = the
     target's features of positions < a) match the answer. Rows are batched; returns
@@ -97,7 +101,7 @@ def accepted_lengths(draft: DFlashV1Draft, data: FlatData, rows: Sequence[int], 
     rows_blk = n_cand + off
     dev = embed.device
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    w_head = lm_head.float()
+    w_head = (lm_head if vocab is None else vocab.lm_head).float()
     out: dict[str, list[torch.Tensor]] = {m: [] for m in modes}
     idx = torch.tensor(list(rows), dtype=torch.long)
     toks, feats = data.rows(idx)
@@ -124,7 +128,7 @@ def accepted_lengths(draft: DFlashV1Draft, data: FlatData, rows: Sequence[int], 
         anchor_ids = toks.gather(1, anchors).view(-1)
         unary = unary_logits(draft, h, w_head)
         for m in modes:
-            drafted = walk_blocks(draft, h, unary, anchor_ids, m, top_k)
+            drafted = walk_blocks(draft, h, unary, anchor_ids, m, top_k, None if vocab is None else vocab.ids)
             per_mode[m].append((drafted == labels).long().cumprod(-1).sum(-1).view(b, a))
         del unary, h
     for m in modes:
@@ -149,10 +153,11 @@ def replay(acc: torch.Tensor, p: int) -> tuple[int, int, list[int]]:
 @torch.no_grad()
 def heldout_acceptance(draft: DFlashV1Draft, data: FlatData, rows: Sequence[int], embed: torch.Tensor,
                               lm_head: torch.Tensor, cands: Sequence[int], modes: Sequence[str] = WALKS,
-                              top_k: int = 8, bf16: bool = True, rows_per_pass: int = 16) -> dict[str, Any]:
+                              top_k: int = 8, bf16: bool = True, rows_per_pass: int = 16,
+                              vocab: SubVocab | None = None) -> dict[str, Any]:
     """τ (tokens per target step: accepted drafts + the target's own token) of the greedy decode
     replayed on held-out answers, per walk and number of candidates, overall and per kind, with
-    P(candidate k accepted | 1..k-1 accepted)."""
+    P(candidate k accepted | 1..k-1 accepted); over the sub-vocabulary `vocab` where the draft has one."""
     draft.eval()
     modes = [m for m in modes if m == "none" or (has_head(draft) and not (m == "dense" and isinstance(draft, DFlash2Draft)))]
     cands = [n for n in cands if 0 < n <= draft.cfg.block_size - candidate_offset(draft)]
@@ -162,7 +167,7 @@ def heldout_acceptance(draft: DFlashV1Draft, data: FlatData, rows: Sequence[int]
         tally = {m: ({}, [0] * (n + 1)) for m in modes}
         for s in range(0, len(keep), rows_per_pass):
             group = keep[s : s + rows_per_pass]
-            accs = accepted_lengths(draft, data, group, n, embed, lm_head, modes, top_k, bf16)
+            accs = accepted_lengths(draft, data, group, n, embed, lm_head, modes, top_k, bf16, vocab=vocab)
             for m in modes:
                 by_kind, hist = tally[m]
                 for r, acc in zip(group, accs[m]):

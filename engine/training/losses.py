@@ -13,7 +13,9 @@ know about each variant's block layout.
   blocks are packed back to back, so the grouped convolutions see each block on its own.
 
 The target's embedding and lm_head are shared and frozen. Rows past a block's length (`block_lens`,
-rows incl. the anchor) are hidden from the block's other rows and carry no loss.
+rows incl. the anchor) are hidden from the block's other rows and carry no loss. With a `SubVocab`
+the logits are the sub-vocabulary's alone, as the exported draft scores them; a label outside it
+carries no CE (the draft can never propose it) and a confidence target of 0.
 """
 from __future__ import annotations
 
@@ -28,6 +30,39 @@ from engine.drafts.dspark import DSparkDraft
 from engine.training.packing import offset0_blocks, packed_inputs
 
 Parts = dict[str, torch.Tensor]
+
+
+@dataclass
+class SubVocab:
+    """The draft's sub-vocabulary (engine/models/draft_vocab.py) as training and the held-out walk use it.
+
+    The exported draft scores only these tokens, so its logits are trained and measured over them
+    alone: on a 151,936-token target the projection and its activations shrink nine-fold, which is
+    what bounded the features (and so the rows) that fit beside them on one GPU."""
+
+    ids: torch.Tensor  # [S] sorted token ids
+    index: torch.Tensor  # [V] position of each id in `ids`, -1 outside
+    lm_head: torch.Tensor  # [S, H] the target's lm_head rows of `ids`
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, lm_head: torch.Tensor) -> "SubVocab":
+        ids = torch.as_tensor(ids, dtype=torch.long, device=lm_head.device).sort().values
+        index = torch.full((lm_head.shape[0],), -1, dtype=torch.long, device=lm_head.device)
+        index[ids] = torch.arange(ids.numel(), device=lm_head.device)
+        return cls(ids, index, lm_head[ids].contiguous())
+
+    def labels(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions in the sub-vocabulary, 0 for a label outside it; 1.0 inside / 0.0 outside)."""
+        pos = self.index[labels]
+        return pos.clamp(min=0), (pos >= 0).float()
+
+
+def _head(lm_head: torch.Tensor, vocab: SubVocab | None) -> torch.Tensor:
+    return lm_head if vocab is None else vocab.lm_head
+
+
+def _labels(labels: torch.Tensor, vocab: SubVocab | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return (labels, torch.ones_like(labels, dtype=torch.float32)) if vocab is None else vocab.labels(labels)
 
 
 @dataclass
@@ -66,21 +101,23 @@ def _wmean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 def dflash_v1_loss(draft: DFlashV1Draft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                    embed: torch.Tensor, lm_head: torch.Tensor, w: LossWeights,
-                   block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Parts]:
+                   block_lens: torch.Tensor | None = None, vocab: SubVocab | None = None) -> tuple[torch.Tensor, Parts]:
     c = draft.cfg
     batch = packed_inputs(tokens, feats, anchors, c.block_size, c.mask_token_id, embed, block_lens)
     labels, weights = batch.pop("labels"), batch.pop("label_weights")
+    labels, inside = _labels(labels, vocab)
     b, n_anchor, q_m1 = labels.shape
     h = draft.forward_packed(**batch).view(b, n_anchor, q_m1 + 1, -1)[:, :, 1:]
-    ce = F.cross_entropy((h @ lm_head.T).float().flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
-    decay = torch.exp(-torch.arange(q_m1, device=h.device, dtype=torch.float32) / w.gamma) * weights
+    ce = F.cross_entropy((h @ _head(lm_head, vocab).T).float().flatten(0, 2), labels.flatten(),
+                         reduction="none").view_as(labels)
+    decay = torch.exp(-torch.arange(q_m1, device=h.device, dtype=torch.float32) / w.gamma) * weights * inside
     loss = _wmean(ce, decay)
     return loss, {"ce": loss.detach()}
 
 
 def dspark_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                 embed: torch.Tensor, lm_head: torch.Tensor, w: LossWeights,
-                block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Parts]:
+                block_lens: torch.Tensor | None = None, vocab: SubVocab | None = None) -> tuple[torch.Tensor, Parts]:
     """Only live rows go through the lm_head (the vocabulary projection is the large part)."""
     bsz, n_anchor = anchors.shape
     blk = draft.cfg.block_size
@@ -93,13 +130,15 @@ def dspark_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, a
         h, labels, prev, decay = h[live], labels[live], prev[live], decay[live]
     else:
         h, labels, prev, decay = h.flatten(0, 2), labels.flatten(), prev.flatten(), decay.flatten()
-    u = draft.unary_logits(h, lm_head)
-    logits = u + draft.dense_bias(prev, h) if draft.markov_head is not None else u
+    labels, inside = _labels(labels, vocab)
+    decay = decay * inside
+    u = draft.unary_logits(h, _head(lm_head, vocab))
+    logits = u + draft.dense_bias(prev, h, None if vocab is None else vocab.ids) if draft.markov_head is not None else u
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
     norm = decay.sum().clamp(min=1e-8)
     parts = {"ce": (ce * decay).sum() / norm}
     loss = parts["ce"]
-    p_label = torch.exp(-ce)
+    p_label = torch.exp(-ce) * inside  # a token outside the sub-vocabulary is never proposed, so never accepted
     if w.tv:
         parts["tv"] = (2 * (1 - p_label) * decay).sum() / norm
         loss = loss + w.tv * parts["tv"]
@@ -118,7 +157,7 @@ def dspark_loss(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, a
 
 def dflash2_loss(draft: DFlash2Draft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                  embed: torch.Tensor, lm_head: torch.Tensor, w: LossWeights,
-                 block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Parts]:
+                 block_lens: torch.Tensor | None = None, vocab: SubVocab | None = None) -> tuple[torch.Tensor, Parts]:
     """Parts: "ce" (unary), "selector" (its CE over the covered rows), "covered" (share of rows whose
     label is in the top-K)."""
     c = draft.cfg
@@ -128,14 +167,16 @@ def dflash2_loss(draft: DFlash2Draft, tokens: torch.Tensor, feats: torch.Tensor,
     labels, weights = batch.pop("labels"), batch.pop("label_weights")  # [b, A, B-1]
     batch["noise_embedding"] = draft.scale_embeddings(batch["noise_embedding"])
     h = draft.forward_packed(**batch, block_len=blk).view(bsz, n_anchor, blk, -1)[:, :, 1:]
-    unary = draft.unary_logits(h, lm_head).float()
-    ce = F.cross_entropy(unary.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
-    decay = torch.exp(-torch.arange(blk - 1, device=tokens.device, dtype=torch.float32) / w.gamma) * weights
+    pos, inside = _labels(labels, vocab)
+    unary = draft.unary_logits(h, _head(lm_head, vocab)).float()
+    ce = F.cross_entropy(unary.flatten(0, 2), pos.flatten(), reduction="none").view_as(labels)
+    decay = torch.exp(-torch.arange(blk - 1, device=tokens.device, dtype=torch.float32) / w.gamma) * weights * inside
     ce_loss = _wmean(ce, decay)
-    cand = unary.detach().topk(draft.v2.selector_top_k, dim=-1).indices  # [b, A, B-1, K]
+    cand = unary.detach().topk(draft.v2.selector_top_k, dim=-1).indices  # [b, A, B-1, K] (sub-vocabulary positions)
     prev = torch.cat([tokens.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)
-    energy = unary.gather(-1, cand) + draft.candidate_selector.transition(prev, cand, h).float()
-    hit = cand == labels[..., None]
+    cand_ids = cand if vocab is None else vocab.ids[cand]
+    energy = unary.gather(-1, cand) + draft.candidate_selector.transition(prev, cand_ids, h).float()
+    hit = cand_ids == labels[..., None]
     covered = hit.any(-1).float()
     sel = F.cross_entropy(energy.flatten(0, 2), hit.float().argmax(-1).flatten(), reduction="none").view_as(labels)
     sel_loss = _wmean(sel, decay * covered)
@@ -145,10 +186,10 @@ def dflash2_loss(draft: DFlash2Draft, tokens: torch.Tensor, feats: torch.Tensor,
 
 def variant_loss(draft: DFlashV1Draft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                  embed: torch.Tensor, lm_head: torch.Tensor, w: LossWeights,
-                 block_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, Parts]:
+                 block_lens: torch.Tensor | None = None, vocab: SubVocab | None = None) -> tuple[torch.Tensor, Parts]:
     """The loss of `draft`'s variant on blocks at `anchors` [b, A]; returns (loss, detached parts)."""
     if isinstance(draft, DFlash2Draft):
-        return dflash2_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens)
+        return dflash2_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens, vocab)
     if isinstance(draft, DSparkDraft):
-        return dspark_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens)
-    return dflash_v1_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens)
+        return dspark_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens, vocab)
+    return dflash_v1_loss(draft, tokens, feats, anchors, embed, lm_head, w, block_lens, vocab)

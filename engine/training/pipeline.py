@@ -377,29 +377,31 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         if opts.time_budget_s:
             settings = replace(settings, time_budget_s=opts.time_budget_s)
         settings = replace(settings, bf16=settings.bf16 and dev.type == "cuda", seed=settings.seed + r.data.seed)
+        vocab = stage_vocab(settings, answers, info.vocab_size, lm_head, log)
         held_idx = list(range(len(held)))
         cands = [n for n in r.eval.candidates if 0 < n <= plan.shape.block_size - (0 if opts.variant == VARIANT_DSPARK else 1)]
         main_walk = "none" if opts.variant == VARIANT_DFLASH_V1 else "topk"
 
         def during(step: int) -> dict[str, float]:
             res = heldout_acceptance(draft, data, held_idx[: r.eval.during_rows], embed, lm_head, cands, (main_walk,),
-                                     r.eval.top_k, settings.bf16)
+                                     r.eval.top_k, settings.bf16, vocab=vocab)
             return tau(res, main_walk)
 
         start = starting_tau(init_note, work / f"stage-{si}", world,
                              lambda: tau(heldout_acceptance(draft.to(dev), data, held_idx[: r.eval.rows], embed, lm_head, cands,
-                                                            (main_walk,), r.eval.top_k, settings.bf16), main_walk))
+                                                            (main_walk,), r.eval.top_k, settings.bf16, vocab=vocab),
+                                         main_walk))
         if start:
             log(f"stage {stage.name}: held-out tau of the starting weights: "
                 + ", ".join(f"{n} {v:.3f}" for n, v in start.items()))
         res = train(draft, data, torch.arange(len(held), len(rows)), embed, lm_head, settings, r.loss,
-                    work / f"stage-{si}.pt", True, log, world, during if settings.eval_every else None)
+                    work / f"stage-{si}.pt", True, log, world, during if settings.eval_every else None, vocab)
         if not world.main:
             prev_dir = sdir
             ddp.barrier(world)
             continue
         acc = heldout_acceptance(draft, data, held_idx[: r.eval.rows], embed, lm_head, cands, WALKS, r.eval.top_k,
-                                 settings.bf16)
+                                 settings.bf16, vocab=vocab)
         for n, per in acc.items():
             log(f"stage {stage.name}: held-out tau at {n} candidates: "
                 + ", ".join(f"{m} {v['tokens_per_step'].get('all', 0):.3f}" for m, v in per.items()))
@@ -411,6 +413,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                           "kinds": _count(x.kind for x in budget_rows), "answered": asked},
                  "loss": [[s, l] for s, l, _ in res["losses"]], "loss_parts": [p for _, _, p in res["losses"]],
                  "heldout_during": res["evals"], "heldout_start": start, "heldout": acc,
+                 "logits_vocab": int(vocab.ids.numel()) if vocab is not None else info.vocab_size,
                  "heldout_tau": tau(acc, main_walk), "walk": main_walk}
         record["stages"] = [s for s in record["stages"] if s["name"] != stage.name] + [entry]
         (work / "record.json").write_text(json.dumps({"stages": record["stages"]}), encoding="utf-8")
@@ -440,6 +443,31 @@ def starting_tau(init_note: str, stem: Path, world: ddp.World,
     got = measure()
     keep.write_text(json.dumps(got), encoding="utf-8")
     return got
+
+
+def sub_vocab_size(vocab_size: int) -> int:
+    """The size of the sub-vocabulary the draft ships with (0: none; it pays off on large vocabularies only)."""
+    from engine.models.draft_vocab import DEFAULT_SIZE
+
+    return DEFAULT_SIZE if vocab_size > 2 * DEFAULT_SIZE else 0
+
+
+def stage_vocab(settings: Any, answers: dict[str, list[int]], vocab_size: int, lm_head: Any, log: Log) -> Any:
+    """The sub-vocabulary a stage trains its logits over: the one the finished draft will ship with
+    (the most frequent tokens of the answers so far, as `finish` writes it), or None."""
+    size = sub_vocab_size(vocab_size)
+    if not (settings.sub_vocab and size):
+        return None
+    import torch
+
+    from engine.models.draft_vocab import count_answer_tokens, top_ids
+    from engine.training.losses import SubVocab
+
+    counts = count_answer_tokens(answers.values(), vocab_size)
+    ids = top_ids(counts, size)
+    log(f"logits over the draft's {size}-token sub-vocabulary ({counts[ids].sum() / max(1, counts.sum()):.2%} of "
+        "the answer tokens)")
+    return SubVocab.of(torch.from_numpy(ids), lm_head)
 
 
 def _count(kinds: Any) -> dict[str, int]:
@@ -591,7 +619,7 @@ def finish(opts: RunOptions, plan: Plan, last: Path | None, record: dict[str, An
         log(f"OpenVINO is not installed here: {ckpt} is the trained draft; run the same command with --resume on a "
             "machine with OpenVINO (it only exports), or `dflash-studio export --kind draft`")
         return None
-    size = 16384 if info.vocab_size > 2 * 16384 else 0  # a sub-vocabulary pays off on large vocabularies only
+    size = sub_vocab_size(info.vocab_size)
     if size:
         counts = count_answer_tokens(answers.values(), info.vocab_size)
         write_draft_vocabulary(ckpt, counts, size, source=f"answers of {opts.out / 'work' / 'answers.jsonl.gz'}")

@@ -27,7 +27,7 @@ from engine.drafts.dflash_v1 import DFlashV1Draft
 from engine.training import distributed as ddp
 from engine.training.data import FlatData, Log
 from engine.training.distributed import World
-from engine.training.losses import LossWeights, head_parameters, label_span, shortest_block, variant_loss
+from engine.training.losses import LossWeights, SubVocab, head_parameters, label_span, shortest_block, variant_loss
 from engine.training.packing import sample_anchors
 
 
@@ -49,6 +49,7 @@ class TrainSettings:
     save_every: int = 1000
     log_every: int = 100
     eval_every: int = 0  # held-out τ during training every N steps (0: only at the end)
+    sub_vocab: bool = True  # logits over the draft's sub-vocabulary where it gets one (losses.SubVocab)
 
 
 def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> float:
@@ -60,10 +61,10 @@ def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> floa
 def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor, lm_head: torch.Tensor,
           cfg: TrainSettings, weights: LossWeights, ckpt_path: Path | None = None, resume: bool = False,
           log: Log = print, world: World = World(),
-          evaluate: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
+          evaluate: Callable[[int], dict[str, Any]] | None = None, vocab: SubVocab | None = None) -> dict[str, Any]:
     """Train `draft` in place on the rows `train_rows` of `data`; returns {steps, seconds, losses
     [(step, loss, parts)], evals [(step, τ by candidates)], ...}. `evaluate(step)` (rank 0) gives the
-    held-out τ logged every `eval_every` steps."""
+    held-out τ logged every `eval_every` steps; `vocab`: the logits are the sub-vocabulary's."""
     dev = embed.device
     blk = draft.cfg.block_size
     draft.to(dev).train()
@@ -132,7 +133,7 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
         oom, err = False, None
         try:
             with amp:
-                loss, parts = variant_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens)
+                loss, parts = variant_loss(draft, toks, feats, anchors.to(dev), embed, lm_head, weights, lens, vocab)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         except torch.OutOfMemoryError:

@@ -176,6 +176,37 @@ def test_a_stage_from_given_weights_reports_their_heldout_tau(tiny_qwen3_hf: Pat
     assert start == pytest.approx(first["heldout_tau"], abs=1e-6)
 
 
+def test_train_draft_trains_over_the_sub_vocabulary_it_ships(tiny_qwen3_hf: Path, tiny_qwen3_target: Path,
+                                                            tmp_path: Path, capsys, monkeypatch, single_thread) -> None:
+    """On a target with a large vocabulary (here: a sub-vocabulary of 128 of the tiny 768 forced) the
+    run trains and measures the logits over the set the exported draft scores, the loss falls, and
+    the draft keeps greedy output the target's own."""
+    from engine.config import GenerationConfig
+    from engine.models import draft_vocab
+    from engine.pipeline import SpeculativePipeline
+    from fixtures.tiny_drafts import TRAIN_PROMPTS
+
+    monkeypatch.setattr(draft_vocab, "DEFAULT_SIZE", 128)
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"))
+    code, out, err = _run(capsys, "--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / "run"),
+                          "--recipe", str(recipe), "--device", "cpu")
+    assert code == 0, err
+    assert "logits over the draft's 128-token sub-vocabulary" in err
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert record["stages"][0]["logits_vocab"] == 128
+    loss = record["loss"]
+    assert sum(loss[-3:]) / 3 < 0.8 * sum(loss[:2]) / 2, loss
+    assert record["heldout_tau"] and all(t >= 1.0 for t in record["heldout_tau"].values())
+    vocab = json.loads((tmp_path / "run" / "checkpoint" / "draft_vocabulary.json").read_text())
+    assert vocab["size"] == 128
+    folder = Path(out[-1])
+    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
+    spec = SpeculativePipeline.load(tiny_qwen3_target, folder, precision="f32")
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    for prompt in TRAIN_PROMPTS[:2]:
+        assert spec.generate(prompt, cfg, chat=True).token_ids == alone.generate(prompt, cfg, chat=True).token_ids
+
+
 def _data_recipe(path: Path, seed: int) -> Path:
     path.write_text(f'''variant = "dspark"
 [data]
