@@ -37,8 +37,8 @@ class SubVocab:
     """The draft's sub-vocabulary (engine/models/draft_vocab.py) as training and the held-out walk use it.
 
     The exported draft scores only these tokens, so its logits are trained and measured over them
-    alone: on a 151,936-token target the projection and its activations shrink nine-fold, which is
-    what bounded the features (and so the rows) that fit beside them on one GPU."""
+    alone: on a large vocabulary the projection and its activations shrink by the ratio of the two
+    sizes, and they were what bounded the features (and so the rows) that fit beside them on one GPU."""
 
     ids: torch.Tensor  # [S] sorted token ids
     index: torch.Tensor  # [V] position of each id in `ids`, -1 outside
