@@ -153,6 +153,8 @@ def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: P
     record = json.loads((tmp_path / "run" / "training.json").read_text())
     steps = [s for _, s in record["loss_steps"]]
     assert steps[0] == 1 and steps[-1] == 40 and steps == sorted(steps)  # one run: the losses before the kill kept
+    data = record["stages"][0]["data"]
+    assert data["answered_this_run"] == 0 and data["answered"] >= data["train_rows"] > 0  # the run's rows, all answered
     assert Path(out[-1]) == tmp_path / "run" / "checkpoint"
 
 
