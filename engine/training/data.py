@@ -177,12 +177,21 @@ def answering_order(held: Sequence[Any], train_rows: Sequence[Any], seed: int) -
     return list(held) + [train_rows[i] for i in _shuffled(len(train_rows), seed)]
 
 
+def _row_tokens(row: Any, answers: dict[str, list[int]]) -> int:
+    """Feature tokens of an answered row: its prompt and its answer."""
+    return len(row.ids) + len(answers[row.id])
+
+
+def _feature_room(gib: float, bytes_per_token: int) -> int:
+    """Feature tokens that fit in `gib` GiB."""
+    return int(gib * 2**30 / bytes_per_token)
+
+
 def features_full(rows: Sequence[Any], answers: dict[str, list[int]], gib: float, bytes_per_token: int) -> bool:
     """Whether the answered rows among `rows` already hold more feature tokens than `gib` GiB."""
     if not gib:
         return False
-    used = sum(len(r.ids) + len(answers[r.id]) for r in rows if r.id in answers)
-    return used > int(gib * 2**30 / bytes_per_token)
+    return sum(_row_tokens(r, answers) for r in rows if r.id in answers) > _feature_room(gib, bytes_per_token)
 
 
 def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], answers: dict[str, list[int]],
@@ -194,8 +203,8 @@ def rows_within_feature_budget(held: Sequence[Any], train_rows: Sequence[Any], a
     one GPU then trained on its new turns alone and lost what the held-out rows measure."""
     if not gib:
         return list(train_rows)
-    sizes = [len(r.ids) + len(answers[r.id]) for r in train_rows]
-    room = int(gib * 2**30 / bytes_per_token) - sum(len(r.ids) + len(answers[r.id]) for r in held)
+    sizes = [_row_tokens(r, answers) for r in train_rows]
+    room = _feature_room(gib, bytes_per_token) - sum(_row_tokens(r, answers) for r in held)
     if sum(sizes) <= room:
         return list(train_rows)
     order = _shuffled(len(train_rows), seed)

@@ -151,7 +151,8 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     fast = 1.0 if dev != "cpu" else CPU_FACTOR
     rows = max(plan.counts.values() or [0])
     ranks = ddp.world_from_env().size
-    row_bytes = (r.data.new_tokens * 0.8 + 100) * len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4)
+    token_bytes = len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4)
+    row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
     cap_rows = r.data.max_feature_gib * ranks * 2**30 / row_bytes if r.data.max_feature_gib else float("inf")
     answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full
     steps = sum(opts.steps or r.stage_settings(s).steps for s in plan.stages)
@@ -163,7 +164,7 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     sampled = {n for st in plan.stages for n in st.sources if source(opts, n).sampled}
     answer_tokens += sum(source(opts, n).count * source(opts, n).max_new * 0.6 for n in sampled)
     gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale) / ranks
-    feat_gib = rows * (r.data.new_tokens + 100) * len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4) / 2**30
+    feat_gib = rows * (r.data.new_tokens + 100) * token_bytes / 2**30
     if r.data.max_feature_gib:
         feat_gib = min(feat_gib, r.data.max_feature_gib)
     target_gib = info.num_params * 4 / 2**30
@@ -370,7 +371,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                                        [x.kind for x in rows], plan.shape.taps, r.data.feature_tokens, feat_dtype, log)
         embed, lm_head = (t.to(dev) for t in target_weights(target))
         # ---- the draft's starting weights
-        draft, cfg, init_note = stage_draft(opts, plan, stage, si, prev_dir, target.config.to_dict(), log)
+        draft, cfg, init_note, loaded = stage_draft(opts, plan, stage, si, prev_dir, target.config.to_dict(), log)
         settings = r.stage_settings(stage)
         if opts.steps:
             settings = replace(settings, steps=min(settings.steps, opts.steps))
@@ -387,7 +388,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                                      r.eval.top_k, settings.bf16, vocab=vocab)
             return tau(res, main_walk)
 
-        start = starting_tau(init_note, work / f"stage-{si}", world,
+        start = starting_tau(loaded, work / f"stage-{si}", world,
                              lambda: tau(heldout_acceptance(draft.to(dev), data, held_idx[: r.eval.rows], embed, lm_head, cands,
                                                             (main_walk,), r.eval.top_k, settings.bf16, vocab=vocab),
                                          main_walk))
@@ -429,13 +430,13 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
     return finish(opts, plan, prev_dir, record, answers, info, log, t_run)
 
 
-def starting_tau(init_note: str, stem: Path, world: ddp.World,
+def starting_tau(loaded: bool, stem: Path, world: ddp.World,
                  measure: Callable[[], dict[str, float]]) -> dict[str, float]:
     """Held-out τ of the weights a stage starts from (a loaded draft, not a fresh one), so a
     fine-tuning stage shows what it gained. Measured once, before the first step, and kept beside
     the stage's checkpoint so that a resumed run still reports it."""
     keep = stem.with_suffix(".start.json")
-    if not init_note.startswith(("all weights", "the weights of")) or not world.main:
+    if not loaded or not world.main:
         return {}
     if keep.is_file():
         return json.loads(keep.read_text(encoding="utf-8"))
@@ -511,8 +512,9 @@ def sampled_source(opts: RunOptions, src: Source, tok: Any, target: Any, info: T
 
 
 def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: Path | None, tcfg: dict[str, Any],
-                log: Log) -> tuple[Any, dict[str, Any], str]:
-    """The draft a stage starts from: --init (first stage run), the previous stage, a v1 backbone, or fresh."""
+                log: Log) -> tuple[Any, dict[str, Any], str, bool]:
+    """The draft a stage starts from: --init (first stage run), the previous stage, a v1 backbone, or fresh;
+    with a note of where it came from and whether all its weights were loaded."""
     init = stage.init
     if opts.init is not None and (si == 0 or opts.stage):
         init = str(opts.init)
@@ -520,7 +522,7 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         init = "fresh"
     if init == "previous":
         draft, cfg, _ = load_draft(prev_dir)
-        return draft.float(), cfg, f"the weights of the previous stage ({prev_dir})"
+        return draft.float(), cfg, f"the weights of the previous stage ({prev_dir})", True
     if init not in ("fresh",) and not init.startswith("v1_backbone:"):
         path = Path(init)
         if not path.is_absolute() and not path.exists():
@@ -529,7 +531,7 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         if variant != opts.variant:
             raise TrainDraftError(f"{path} is a {variant} draft; this run trains {opts.variant}")
         check_fits(cfg, plan)
-        return draft.float(), cfg, f"all weights of {path}"
+        return draft.float(), cfg, f"all weights of {path}", True
     draft, cfg = fresh_draft(opts.variant, plan, tcfg, opts.recipe)
     note = "fresh"
     if init.startswith("v1_backbone:"):
@@ -541,7 +543,7 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         info = copy_v1_backbone(draft, path)
         note = f"backbone from the DFlash v1 draft {path} ({info['tensors']} tensors)"
     log(f"draft: {note}")
-    return draft, cfg, note
+    return draft, cfg, note, False
 
 
 def check_fits(cfg: dict[str, Any], plan: Plan) -> None:
