@@ -153,7 +153,9 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     ranks = ddp.world_from_env().size
     token_bytes = len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4)
     row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
-    cap_rows = r.data.max_feature_gib * ranks * 2**30 / row_bytes if r.data.max_feature_gib else float("inf")
+    caps = [r.stage_data(s).max_feature_gib for s in plan.stages]
+    cap_gib = 0.0 if not all(caps) else max(caps)  # the largest stage's; 0: every row
+    cap_rows = cap_gib * ranks * 2**30 / row_bytes if cap_gib else float("inf")
     answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full
     steps = sum(opts.steps or r.stage_settings(s).steps for s in plan.stages)
     budgets = [opts.time_budget_s or r.stage_settings(s).time_budget_s or 0 for s in plan.stages]
@@ -165,8 +167,8 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     answer_tokens += sum(source(opts, n).count * source(opts, n).max_new * 0.6 for n in sampled)
     gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale) / ranks
     feat_gib = rows * (r.data.new_tokens + 100) * token_bytes / 2**30
-    if r.data.max_feature_gib:
-        feat_gib = min(feat_gib, r.data.max_feature_gib)
+    if cap_gib:
+        feat_gib = min(feat_gib, cap_gib)
     target_gib = info.num_params * 4 / 2**30
     return {"device": dev, "ranks": ranks, "rows": rows, "steps": steps, "generation_s": round(gen_s), "training_s": round(train_s),
             "total_s": round(gen_s + train_s + 30), "memory_gib": round(target_gib + feat_gib + 1.0, 1),
@@ -336,9 +338,10 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         held, train_rows = stage_rows(opts, si, by_source)
         # ---- answers (each rank its share of the rows not answered yet), until the features are full
         per_token = len(plan.shape.taps) * info.hidden_size * (2 if dev.type != "cpu" else 4)
-        gib = r.data.max_feature_gib * world.size
+        sdata = r.stage_data(stage)
+        gib = sdata.max_feature_gib * world.size
         order = answering_order(held, train_rows, r.data.seed)
-        chunk = ANSWER_CHUNK_BATCHES * r.data.gen_batch * world.size  # saved after each: a kill loses one chunk
+        chunk = ANSWER_CHUNK_BATCHES * sdata.gen_batch * world.size  # saved after each: a kill loses one chunk
         asked = 0
         for c0 in range(0, len(order), chunk):
             if features_full(order[:c0], answers, gib, per_token):
@@ -350,7 +353,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
                 continue
             mine = ddp.shard(todo, world)
             t0 = time.time()
-            got = generate_answers(target, [x.ids for x in mine], r.data.new_tokens, r.data.gen_batch, info.eos_id,
+            got = generate_answers(target, [x.ids for x in mine], r.data.new_tokens, sdata.gen_batch, info.eos_id,
                                    info.pad_id, None, log, r.data.seed, static, gen_dtype)
             new = {x.id: a for x, a in zip(mine, got) if a is not None}
             answers.update(ddp.gather_dicts(world, new))

@@ -22,6 +22,9 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "resources" / "recipes"
 OFFLINE_SOURCES = ("stdlib_code", "package_code", "composed_chat", "functions", "file")
 SAMPLED_SOURCES = ("magpie", "primed")
 SOURCE_TYPES = OFFLINE_SOURCES + SAMPLED_SOURCES
+# [data] keys a stage may set for itself; the others (seed, held-out rows, prompt length) define the rows
+# every stage shares, so changing them in one stage would change the held-out set its τ is measured on.
+STAGE_DATA_KEYS = ("max_feature_gib", "gen_batch")
 
 
 class RecipeError(ValueError):
@@ -94,6 +97,7 @@ class Stage:
     sources: tuple[str, ...]
     init: str = "previous"  # previous | fresh | v1_backbone:<draft folder> | <checkpoint folder>
     train: dict[str, Any] = field(default_factory=dict)  # over [train]
+    data: dict[str, Any] = field(default_factory=dict)  # over [data]: only STAGE_DATA_KEYS
     note: str = ""
 
 
@@ -123,6 +127,9 @@ class Recipe:
 
     def stage_settings(self, stage: Stage) -> TrainSettings:
         return _fill(TrainSettings, stage.train, f"{self.path}: [[stages]] {stage.name!r}", self.train)
+
+    def stage_data(self, stage: Stage) -> DataSettings:
+        return _fill(DataSettings, stage.data, f"{self.path}: [[stages]] {stage.name!r} data", self.data)
 
 
 def _fill(cls: Any, table: dict[str, Any], where: str, base: Any = None) -> Any:
@@ -205,9 +212,13 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
             raise RecipeError(f"{where} ({t['name']}) names unknown sources {', '.join(bad)} (sources: {', '.join(names)})")
         train = t.get("train") or {}
         _fill(TrainSettings, train, f"{where} ({t['name']}) train")
-        st = _fill(Stage, {k: v for k, v in t.items() if k != "train"}, where,
+        data = t.get("data") or {}
+        if not isinstance(data, dict) or set(data) - set(STAGE_DATA_KEYS):
+            raise RecipeError(f"{where} ({t['name']}) data: a stage may set only {', '.join(STAGE_DATA_KEYS)} "
+                              "(the other [data] keys are shared by every stage)")
+        st = _fill(Stage, {k: v for k, v in t.items() if k not in ("train", "data")}, where,
                    Stage(name=t["name"], sources=tuple(t["sources"])))
-        stages.append(replace(st, train=dict(train)))
+        stages.append(replace(st, train=dict(train), data=dict(data)))
     if not stages or not sources:
         raise RecipeError(f"{path}: a recipe needs at least one source")
     recipe = Recipe(

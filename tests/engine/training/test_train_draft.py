@@ -295,6 +295,7 @@ def test_bad_targets_are_refused_before_work(tiny_qwen3_hf: Path, tmp_path: Path
     (("variant = \"dspark\"", "variant = \"dflash_v2\""), "trains a dflash_v2 draft, not dspark"),
     (("block_size = 6", "block_size = 1"), "block_size must be at least 2"),
     (("steps = 60", "steps = 2.5"), "steps must be a whole number"),
+    (("init = \"fresh\"", "init = \"fresh\"\ndata = { heldout = 8 }"), "a stage may set only max_feature_gib"),
 ])
 def test_bad_recipes_are_refused_with_the_reason(edit, why, tiny_qwen3_hf: Path, tmp_path: Path, capsys) -> None:
     recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"))
@@ -318,6 +319,10 @@ def test_shipped_recipes_parse_and_fit_their_drafts() -> None:
     ds = load_recipe(RECIPES_DIR / "smollm2-dspark-b8.toml")
     assert [s.name for s in ds.stages] == [f"round-{i}" for i in range(2, 8)]
     assert ds.stage_settings(ds.stage("round-7")).num_anchors == 120
+    q = load_recipe(RECIPES_DIR / "qwen2.5-coder-0.5b-dspark-b8.toml")
+    # a stage's own [data] keys over the recipe's, the rest shared
+    assert q.stage_data(q.stage("chat-4")).max_feature_gib > q.stage_data(q.stage("chat-3")).max_feature_gib
+    assert q.stage_data(q.stage("chat-4")).heldout == q.data.heldout
 
 
 def test_cli_without_torch_says_so(monkeypatch, capsys, tmp_path: Path) -> None:
