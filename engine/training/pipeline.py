@@ -398,8 +398,20 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         if start:
             log(f"stage {stage.name}: held-out tau of the starting weights: "
                 + ", ".join(f"{n} {v:.3f}" for n, v in start.items()))
+        def snapshot(step: int, stem: Path = work / f"stage-{si}") -> None:
+            # the weights so far as a draft folder (an --init for a later run), small enough to copy off a
+            # machine whose lease can end mid-stage (launch.sh snapshot); replaced atomically
+            tmp = stem.with_name(stem.name + ".latest.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_draft(copy.deepcopy(draft).to("cpu", getattr(torch, r.draft.ship_dtype)), cfg, tmp)
+            (tmp / "snapshot.json").write_text(json.dumps({"stage": stage.name, "step": step}), encoding="utf-8")
+            latest = stem.with_name(stem.name + ".latest")
+            shutil.rmtree(latest, ignore_errors=True)
+            tmp.replace(latest)
+
         res = train(draft, data, torch.arange(len(held), len(rows)), embed, lm_head, settings, r.loss,
-                    work / f"stage-{si}.pt", True, log, world, during if settings.eval_every else None, vocab)
+                    work / f"stage-{si}.pt", True, log, world, during if settings.eval_every else None, vocab,
+                    on_save=snapshot)
         if not world.main:
             prev_dir = sdir
             ddp.barrier(world)

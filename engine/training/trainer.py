@@ -61,10 +61,12 @@ def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> floa
 def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed: torch.Tensor, lm_head: torch.Tensor,
           cfg: TrainSettings, weights: LossWeights, ckpt_path: Path | None = None, resume: bool = False,
           log: Log = print, world: World = World(),
-          evaluate: Callable[[int], dict[str, Any]] | None = None, vocab: SubVocab | None = None) -> dict[str, Any]:
+          evaluate: Callable[[int], dict[str, Any]] | None = None, vocab: SubVocab | None = None,
+          on_save: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train `draft` in place on the rows `train_rows` of `data`; returns {steps, seconds, losses
     [(step, loss, parts)], evals [(step, τ by candidates)], ...}. `evaluate(step)` (rank 0) gives the
-    held-out τ logged every `eval_every` steps; `vocab`: the logits are the sub-vocabulary's."""
+    held-out τ logged every `eval_every` steps; `vocab`: the logits are the sub-vocabulary's;
+    `on_save(step)` (rank 0) runs after each checkpoint (the pipeline writes the weights as a draft folder)."""
     dev = embed.device
     blk = draft.cfg.block_size
     draft.to(dev).train()
@@ -102,6 +104,8 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
         torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), **state,
                     "seconds": state["seconds"] + time.perf_counter() - t_start}, tmp)
         tmp.replace(ckpt_path)
+        if on_save is not None:
+            on_save(state["step"])
 
     def held_out(step: int) -> None:
         if evaluate is not None and world.main:

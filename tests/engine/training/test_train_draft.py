@@ -142,6 +142,7 @@ def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: P
     assert code == 130
     ckpt = torch.load(tmp_path / "run" / "work" / "stage-0.pt", weights_only=False)
     assert ckpt["step"] == 20  # the last checkpoint (every 10 steps)
+    _check_snapshot(tmp_path / "run", tmp_path / "fetched", ckpt["model"], 20)
     answers = (tmp_path / "run" / "work" / "answers.jsonl.gz").read_bytes()
     monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
     code, _, err = _run(capsys, *args)
@@ -156,6 +157,43 @@ def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: P
     data = record["stages"][0]["data"]
     assert data["answered_this_run"] == 0 and data["answered"] >= data["train_rows"] > 0  # the run's rows, all answered
     assert Path(out[-1]) == tmp_path / "run" / "checkpoint"
+
+
+def _check_snapshot(run: Path, dest: Path, weights: dict, step: int) -> None:
+    """The checkpoint's weights as a draft folder, fetched in parts by launch.sh snapshot as a lease would."""
+    import hashlib
+    import subprocess
+    import tarfile
+
+    import torch
+
+    from engine.drafts import load_draft
+
+    latest = run / "work" / "stage-0.latest"
+    assert json.loads((latest / "snapshot.json").read_text())["step"] == step
+    launch = Path(__file__).resolve().parents[3] / "engine" / "training" / "launch.sh"
+    for _ in range(50):  # one part a call, until none is left
+        said = subprocess.run(["sh", str(launch), "snapshot", str(run), str(dest), "1"], capture_output=True,
+                              text=True, check=True).stdout
+        if said.rstrip().endswith(" 0 left"):
+            break
+    else:
+        raise AssertionError(said)
+    sums = next(dest.glob("*.sha256")).read_text().split("\n")
+    parts = sorted(dest.glob("*.tar.*"))
+    assert len(parts) == len([x for x in sums if x.strip()]) >= 1
+    for line in filter(None, sums):
+        digest, name = line.split()
+        assert hashlib.sha256((dest / name).read_bytes()).hexdigest() == digest
+    (dest / "joined.tar").write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(dest / "joined.tar") as tar:
+        tar.extractall(dest / "x", filter="data")
+    folder = dest / "x" / "stage-0.latest"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in latest.iterdir())
+    model, _, _ = load_draft(folder)
+    got = model.state_dict()
+    for k, v in weights.items():  # the weights of that checkpoint (ship dtype float32 in the tiny recipe)
+        assert torch.equal(got[k].float(), v.float().cpu()), k
 
 
 def test_a_stage_from_given_weights_reports_their_heldout_tau(tiny_qwen3_hf: Path, tmp_path: Path, capsys,
