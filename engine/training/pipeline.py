@@ -151,7 +151,7 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     fast = 1.0 if dev != "cpu" else CPU_FACTOR
     rows = max(plan.counts.values() or [0])
     ranks = ddp.world_from_env().size
-    token_bytes = len(plan.shape.taps) * info.hidden_size * (2 if dev != "cpu" else 4)
+    token_bytes = feature_token_bytes(plan, info, dev)
     row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
     caps = [r.stage_data(s).max_feature_gib for s in plan.stages]
     cap_gib = 0.0 if not all(caps) else max(caps)  # the largest stage's; 0: every row
@@ -175,6 +175,11 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
             "features_gib": round(feat_gib, 2),
             "disk_mb": round(sum(plan.counts.values()) * (r.data.new_tokens + 150) * 4 / 1e6 * 0.4
                              + plan.shape.estimated_mb * 4, 1)}
+
+
+def feature_token_bytes(plan: Plan, info: TargetInfo, device_type: str) -> int:
+    """Bytes of one token's features: every tapped layer's hidden state, bf16 on a GPU, f32 on the CPU."""
+    return len(plan.shape.taps) * info.hidden_size * (2 if device_type != "cpu" else 4)
 
 
 def describe(opts: RunOptions, plan: Plan) -> str:
@@ -330,15 +335,16 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
             prev_dir = sdir
             continue
         t_stage = time.time()
+        sdata = r.stage_data(stage)
         # ---- sampled sources this stage needs
         for name in stage.sources:
             src = source(opts, name)
             if src.sampled and name not in by_source:
-                by_source[name] = sampled_source(opts, src, tok, target, info, bench, by_source, work, log, world)
+                by_source[name] = sampled_source(opts, src, tok, target, info, bench, by_source, work, log, world,
+                                                 sdata.gen_batch)
         held, train_rows = stage_rows(opts, si, by_source)
         # ---- answers (each rank its share of the rows not answered yet), until the features are full
-        per_token = len(plan.shape.taps) * info.hidden_size * (2 if dev.type != "cpu" else 4)
-        sdata = r.stage_data(stage)
+        per_token = feature_token_bytes(plan, info, dev.type)
         gib = sdata.max_feature_gib * world.size
         order = answering_order(held, train_rows, r.data.seed)
         chunk = ANSWER_CHUNK_BATCHES * sdata.gen_batch * world.size  # saved after each: a kill loses one chunk
@@ -369,7 +375,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         budget_rows = rows_within_feature_budget(held, train_rows, answers, gib, per_token, log, r.data.seed)
         mine = ddp.shard(budget_rows, world)
         rows = held + mine
-        feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32
+        feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32  # as feature_token_bytes counts them
         data, fstats = build_flat_data(target, [x.ids for x in rows], [answers[x.id] for x in rows],
                                        [x.kind for x in rows], plan.shape.taps, r.data.feature_tokens, feat_dtype, log)
         embed, lm_head = (t.to(dev) for t in target_weights(target))
@@ -495,8 +501,9 @@ def _count(kinds: Any) -> dict[str, int]:
 
 
 def sampled_source(opts: RunOptions, src: Source, tok: Any, target: Any, info: TargetInfo, bench: set[int],
-                   by_source: dict[str, list[PromptRow]], work: Path, log: Log, world: ddp.World) -> list[PromptRow]:
-    """A sampled source's rows (kept in work/sampled-<name>.jsonl.gz once made)."""
+                   by_source: dict[str, list[PromptRow]], work: Path, log: Log, world: ddp.World,
+                   gen_batch: int) -> list[PromptRow]:
+    """A sampled source's rows (kept in work/sampled-<name>.jsonl.gz once made), sampled `gen_batch` at a time."""
     import torch
 
     from engine.training.data import generate_answers
@@ -508,7 +515,7 @@ def sampled_source(opts: RunOptions, src: Source, tok: Any, target: Any, info: T
         src = replace(src, count=count)
 
         def sample(prompts: list[list[int]], end: int) -> list[list[int] | None]:
-            return generate_answers(target, prompts, src.max_new, opts.recipe.data.gen_batch, end, info.pad_id, None,
+            return generate_answers(target, prompts, src.max_new, gen_batch, end, info.pad_id, None,
                                     log, src.seed * 1000 + world.rank, True,
                                     getattr(torch, opts.recipe.data.gen_dtype) if static else torch.float32,
                                     src.temperature, src.top_p)

@@ -396,3 +396,37 @@ def test_two_ranks_train_one_draft(tiny_qwen3_hf: Path, tmp_path: Path) -> None:
     assert sha[0] and sha[0] == sha[1]
     record = json.loads((out / "training.json").read_text())
     assert record["device"]["ranks"] == 2 and record["stages"][0]["steps"] == 20
+
+
+def test_a_stage_samples_its_sources_with_its_own_batch(tiny_qwen3_hf: Path, tmp_path: Path, capsys, monkeypatch,
+                                                        single_thread) -> None:
+    """A stage's `data` table is what its sampled sources are generated with, not only its answers."""
+    import engine.training.data as data_mod
+
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=5)
+    recipe.write_text(recipe.read_text().replace('[[stages]]\nname = "only"\nsources = ["mine"]', '''[[sources]]
+name = "turns"
+type = "magpie"
+count = 6
+seed = 3
+max_new = 9
+min_tokens = 1
+
+[[stages]]
+name = "only"
+sources = ["mine", "turns"]
+data = { gen_batch = 4 }''', 1))
+    real = data_mod.generate_answers
+    batches: list[tuple[int, int]] = []  # (new tokens, batch) of every generate call
+
+    def spy(target, prompts, new_tokens, batch, *a, **k):
+        batches.append((new_tokens, batch))
+        return real(target, prompts, new_tokens, batch, *a, **k)
+
+    monkeypatch.setattr(data_mod, "generate_answers", spy)
+    code, _, err = _run(capsys, "--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / "run"),
+                        "--recipe", str(recipe), "--device", "cpu", "--no-export")
+    assert code == 0, err
+    assert "prompts: turns (magpie, sampled by the target)" in err
+    assert (9, 4) in batches  # the sampled turns (max_new 9) at the stage's batch, not [data]'s 16
+    assert all(b == 4 for _, b in batches), batches
