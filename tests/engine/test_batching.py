@@ -365,7 +365,7 @@ def test_everything_at_once_at_the_default_precision(request, name: str) -> None
 
 
 def _everything_at_once(variant: Variant, spare_blocks: int) -> None:
-    cfg = variant.cfg(max_new_tokens=40)
+    cfg = variant.cfg(max_new_tokens=40, draft_policy=ALWAYS)  # full windows (the adaptive count follows timings)
     cfgs = [cfg, cfg.copy(do_sample=True, temperature=0.9, rng_seed=3), cfg, cfg.copy(num_assistant_tokens=3)
             if variant.draft is not None else cfg, cfg.copy(do_sample=True, rng_seed=4, top_k=40), cfg]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(cfgs))]
