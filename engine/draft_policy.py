@@ -43,6 +43,16 @@ new count paid back over four steps, under-priced it: a new count rarely lasted 
 paid in full, and at one request the policy ran 0.86x (HumanEval) and 0.90x (MT-Bench) of `always` at the
 same count while verifying about as many; docs/benchmarks.md, issue 25.)
 
+Where a change costs more than a row, the step's verified count is not chosen step by step at all: a
+per-step choice charged the whole change kept whatever count it started at (a window of 6 rows on MT-Bench,
+where 4 paid more; docs/benchmarks.md, issue 25), and one charged a share of it flip-flopped. The policy
+instead keeps a *regime*: the number of candidates the step verifies, chosen from the survivals of the last
+`history` steps (the mean expected tokens of verifying m, for every m) and the cost table, and changed only
+when the new count's rate over `REGIME_HORIZON` steps, the change paid once, beats the current one. Within the
+count, the candidates go to the windows by survival, as above. The count depends only on earlier steps, this
+step's rows besides its windows and how many candidates were drafted, and the allocation to the m largest
+survivals never reaches past a window's first unverified candidate, so sampled output stays exact.
+
 `adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
 `num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.
 """
@@ -63,6 +73,8 @@ DEFAULT_POLICY = ADAPTIVE  # at least as fast as `always` at every load measured
 REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
 REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
 SWITCH_HORIZON = 1  # steps over which a change of the target's row count must pay back its one-off cost
+REGIME_HORIZON = 8  # steps over which a change of the regime's verified count must pay back the change
+REGIME_MIN_STEPS = 8  # steps of history before the regime decides (the per-step choice until then)
 
 
 def check_policy(name: object, field_name: str = "draft_policy") -> str:
@@ -333,6 +345,8 @@ class DraftPolicy:
     kept: dict[int, deque[float]] = field(default_factory=dict)
     changed: dict[int, deque[float]] = field(default_factory=dict)
     switch_cost: float = 0.0
+    # the regime (module docstring): per earlier step, the running sums of its offers' survivals, largest first
+    history: deque[list[float]] = field(default_factory=lambda: deque(maxlen=64))
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
@@ -433,9 +447,46 @@ class DraftPolicy:
         if self.explore_every and self.choices % self.explore_every == 0:
             return full
         self.explored = False
+        m = self.regime_count(offers, fixed_rows, fixed_tokens, fixed_ms)
+        self._remember(offers)
+        if m is not None:
+            return _top(offers, m)
         switch = self.switch_cost / SWITCH_HORIZON
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
                       + (switch if rows != self.last_rows else 0.0))
+
+    def _remember(self, offers: list[Offer]) -> None:
+        run, out = 0.0, []
+        for a in sorted((a for o in offers for a in survivals(o.chances)), reverse=True):
+            run += a
+            out.append(run)
+        self.history.append(out)
+
+    def regime_count(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> int | None:
+        """How many candidates this step verifies under the regime (None: choose step by step: too little history,
+        or a change of row count costs no more than a row). From earlier steps' survivals, this step's other rows,
+        and how many candidates were drafted; never from this step's chances (module docstring)."""
+        if len(self.history) < REGIME_MIN_STEPS:
+            return None
+        base = fixed_rows + sum(2 if o.padded else 1 for o in offers)
+        row_ms = self.target.estimate(base + 1) - self.target.estimate(base)
+        if self.switch_cost <= max(row_ms, 0.0):
+            return None
+        drafted = sum(len(o.chances) for o in offers)
+        tokens0 = fixed_tokens + len(offers)
+        rate: dict[int, tuple[float, float]] = {}
+        for m in range(drafted + 1):
+            seen = [h[m - 1] for h in self.history if len(h) >= m] if m else [0.0]
+            if not seen:
+                break  # no earlier step drafted this many: its worth is unknown
+            rate[m] = (tokens0 + sum(seen) / len(seen), fixed_ms + self.target.estimate(base + m))
+        best = max(rate, key=lambda m: (rate[m][0] / rate[m][1], -m))
+        keep = self.last_rows - base
+        if keep == best or keep not in rate:
+            return best
+        (tb, cb), (tk, ck) = rate[best], rate[keep]
+        h = REGIME_HORIZON
+        return best if h * tb / (h * cb + self.switch_cost) > tk / ck else keep
 
 
 def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> list[int]:
@@ -462,6 +513,16 @@ def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> l
         if tokens / ms > best_rate:
             best, best_rate = list(verify), tokens / ms
     return verify if stop_early else best
+
+
+def _top(offers: list[Offer], m: int) -> list[int]:
+    """The m candidates of largest survival, as counts per offer (a prefix of each window: survival falls along it)."""
+    items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
+                   key=lambda t: (-t[0], t[1], t[2]))
+    verify = [0] * len(offers)
+    for _, j, i in items[:m]:
+        verify[i] = max(verify[i], j + 1)
+    return verify
 
 
 def make_policy(name: str | None = None) -> DraftPolicy:

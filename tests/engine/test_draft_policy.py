@@ -6,8 +6,8 @@ import random
 import pytest
 
 from engine.config import GenerationConfig
-from engine.draft_policy import (ADAPTIVE, ALWAYS, Calibration, CostTable, DraftPolicy, Offer, make_policy,
-                                 survivals)
+from engine.draft_policy import (ADAPTIVE, ALWAYS, REGIME_MIN_STEPS, Calibration, CostTable, DraftPolicy, Offer,
+                                 make_policy, survivals)
 from engine.metrics import PositionCounts
 from engine.scheduler import SchedulerConfig
 
@@ -121,6 +121,58 @@ def test_a_change_of_row_count_is_charged_its_whole_measured_extra() -> None:
     assert p.choose(offer, 0, 0.0, 3.0) == [3]
     p.switch_cost, p.last_rows = 0.2, 3
     assert p.choose(offer, 0, 0.0, 3.0) == [3]  # a cheap change is worth it
+
+
+def test_where_a_change_costs_more_than_a_row_the_count_is_a_regime_chosen_from_earlier_steps() -> None:
+    """A change of row count dearer than a row (a CPU): the per-step choice charged all of it stays wherever it
+    started; the regime moves to the count that pays over REGIME_HORIZON steps, and stays there while this step's
+    own chances say otherwise."""
+    doubtful = [0.55, 0.45, 0.4, 0.3, 0.3, 0.3, 0.3]  # MT-Bench-like: a row past the third buys little
+    p = _policy(lambda r: 20.0 + 1.0 * r)
+    p.switch_cost, p.last_rows = 6.0, 8  # started with the full window (8 rows), as a new pipeline does
+    picks = []
+    for _ in range(REGIME_MIN_STEPS + 4):
+        picks.append(p.choose([Offer(0, doubtful, sampled=False)], 0, 0.0, 3.0)[0])
+        p.last_rows = 1 + picks[-1]
+    assert picks[0] == 7  # no history yet: step by step, and a change of the 8 rows does not pay in one step
+    assert picks[-1] < 4 and len(set(picks[REGIME_MIN_STEPS + 1:])) == 1  # the regime left it, then kept its count
+    kept = picks[-1]
+    assert p.choose([Offer(0, [0.99] * 7, sampled=False)], 0, 0.0, 3.0) == [kept]  # one sure window: no change
+    assert p.choose([Offer(0, [0.99] * 7, sampled=False), Offer(1, [0.1] * 7, sampled=False)], 0, 1.0, 3.0)[1] == 0
+    for _ in range(64):  # the text turns predictable: over the horizon the longer window pays the change
+        p.choose([Offer(0, [0.97] * 7, sampled=False)], 0, 0.0, 3.0)
+    assert p.choose([Offer(0, [0.97] * 7, sampled=False)], 0, 0.0, 3.0) == [7]
+    cheap = _policy(lambda r: 20.0 + 1.0 * r)
+    cheap.switch_cost = 0.5  # a change cheaper than a row: step by step, as before
+    for _ in range(REGIME_MIN_STEPS + 2):
+        cheap.choose([Offer(0, doubtful, sampled=False)], 0, 0.0, 3.0)
+    assert cheap.regime_count([Offer(0, doubtful)], 0, 0.0, 3.0) is None
+
+
+def test_under_the_regime_a_candidate_is_verified_independently_of_the_ones_after_it() -> None:
+    """The exactness property of the per-step test below, with history: the count comes from earlier steps and the
+    allocation takes the largest survivals, so redrawing what follows a window's first unverified candidate changes
+    nothing."""
+    rng = random.Random(5)
+    for trial in range(200):
+        policy = _policy(lambda r, s=rng.uniform(0.5, 3.0), f=rng.uniform(5.0, 20.0): f + s * r)
+        policy.switch_cost = rng.uniform(4.0, 10.0)
+        for _ in range(REGIME_MIN_STEPS):
+            policy.choose([Offer(0, [rng.random() for _ in range(rng.randint(1, 8))])], 0, 0.0, 3.0)
+        policy.last_rows = rng.randint(1, 12)
+        offers = [Offer(i, [rng.random() for _ in range(rng.randint(1, 8))]) for i in range(rng.randint(1, 4))]
+        fixed = (rng.randint(0, 4), rng.random(), rng.uniform(0.0, 10.0))
+        assert policy.regime_count(offers, *fixed) is not None
+        history = list(policy.history)
+        verify = policy.choose(offers, *fixed)
+        for i, o in enumerate(offers):
+            m = verify[i]
+            for _ in range(4):
+                policy.history.clear()
+                policy.history.extend(history)  # the same earlier steps
+                later = o.chances[: m + 1] + [rng.random() for _ in o.chances[m + 1:]]
+                changed = [Offer(x.request_id, later if x is o else x.chances) for x in offers]
+                assert policy.choose(changed, *fixed)[i] == m, (trial, i)
 
 
 def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_windows() -> None:
