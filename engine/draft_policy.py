@@ -347,6 +347,8 @@ class DraftPolicy:
     switch_cost: float = 0.0
     # the regime (module docstring): per earlier step, the running sums of its offers' survivals, largest first
     history: deque[list[float]] = field(default_factory=lambda: deque(maxlen=64))
+    _history_sum: list[float] = field(default_factory=list)  # per m: the sum of the history's m-th entries
+    _history_n: list[int] = field(default_factory=list)  # per m: how many earlier steps drafted at least m
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
@@ -460,7 +462,19 @@ class DraftPolicy:
         for a in sorted((a for o in offers for a in survivals(o.chances)), reverse=True):
             run += a
             out.append(run)
+        if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
+            self._account(self.history[0], -1)
         self.history.append(out)
+        self._account(out, 1)
+
+    def _account(self, sums: list[float], sign: int) -> None:
+        grow = len(sums) - len(self._history_n)
+        if grow > 0:
+            self._history_sum += [0.0] * grow
+            self._history_n += [0] * grow
+        for k, v in enumerate(sums):
+            self._history_sum[k] += sign * v
+            self._history_n[k] += sign
 
     def regime_count(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> int | None:
         """How many candidates this step verifies under the regime (None: choose step by step: too little history,
@@ -476,10 +490,10 @@ class DraftPolicy:
         tokens0 = fixed_tokens + len(offers)
         rate: dict[int, tuple[float, float]] = {}
         for m in range(drafted + 1):
-            seen = [h[m - 1] for h in self.history if len(h) >= m] if m else [0.0]
-            if not seen:
+            if m and (m > len(self._history_n) or self._history_n[m - 1] <= 0):
                 break  # no earlier step drafted this many: its worth is unknown
-            rate[m] = (tokens0 + sum(seen) / len(seen), fixed_ms + self.target.estimate(base + m))
+            gain = self._history_sum[m - 1] / self._history_n[m - 1] if m else 0.0
+            rate[m] = (tokens0 + gain, fixed_ms + self.target.estimate(base + m))
         best = max(rate, key=lambda m: (rate[m][0] / rate[m][1], -m))
         keep = self.last_rows - base
         if keep == best or keep not in rate:

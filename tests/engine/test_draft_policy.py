@@ -1,6 +1,7 @@
 """The adaptive draft policy (engine/draft_policy.py): its cost table, its calibration and its choice, without models."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -142,6 +143,12 @@ def test_where_a_change_costs_more_than_a_row_the_count_is_a_regime_chosen_from_
     for _ in range(64):  # the text turns predictable: over the horizon the longer window pays the change
         p.choose([Offer(0, [0.97] * 7, sampled=False)], 0, 0.0, 3.0)
     assert p.choose([Offer(0, [0.97] * 7, sampled=False)], 0, 0.0, 3.0) == [7]
+    rng = random.Random(2)
+    for _ in range(100):  # past the history's 64 steps: the running sums forget what the history dropped
+        p.choose([Offer(0, [rng.random() for _ in range(rng.randint(1, 7))], sampled=False)], 0, 0.0, 3.0)
+    for k in range(7):
+        seen = [h[k] for h in p.history if len(h) > k]
+        assert p._history_n[k] == len(seen) and p._history_sum[k] == pytest.approx(sum(seen))
     cheap = _policy(lambda r: 20.0 + 1.0 * r)
     cheap.switch_cost = 0.5  # a change cheaper than a row: step by step, as before
     for _ in range(REGIME_MIN_STEPS + 2):
@@ -163,16 +170,13 @@ def test_under_the_regime_a_candidate_is_verified_independently_of_the_ones_afte
         offers = [Offer(i, [rng.random() for _ in range(rng.randint(1, 8))]) for i in range(rng.randint(1, 4))]
         fixed = (rng.randint(0, 4), rng.random(), rng.uniform(0.0, 10.0))
         assert policy.regime_count(offers, *fixed) is not None
-        history = list(policy.history)
-        verify = policy.choose(offers, *fixed)
+        verify = copy.deepcopy(policy).choose(offers, *fixed)
         for i, o in enumerate(offers):
             m = verify[i]
             for _ in range(4):
-                policy.history.clear()
-                policy.history.extend(history)  # the same earlier steps
                 later = o.chances[: m + 1] + [rng.random() for _ in o.chances[m + 1:]]
                 changed = [Offer(x.request_id, later if x is o else x.chances) for x in offers]
-                assert policy.choose(changed, *fixed)[i] == m, (trial, i)
+                assert copy.deepcopy(policy).choose(changed, *fixed)[i] == m, (trial, i)  # the same earlier steps
 
 
 def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_windows() -> None:
