@@ -459,10 +459,10 @@ class DraftPolicy:
 
     def _remember(self, offers: list[Offer]) -> None:
         run, out = 0.0, []
-        for a in sorted((a for o in offers for a in survivals(o.chances)), reverse=True):
+        for a, _, _ in _survival_order(offers):
             run += a
             out.append(run)
-        if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
+        if len(self.history) == self.history.maxlen:
             self._account(self.history[0], -1)
         self.history.append(out)
         self._account(out, 1)
@@ -503,12 +503,18 @@ class DraftPolicy:
         return best if h * tb / (h * cb + self.switch_cost) > tk / ck else keep
 
 
+def _survival_order(offers: list[Offer]) -> list[tuple[float, int, int]]:
+    """Every drafted candidate as (survival, position, offer), largest survival first; ties to the earlier
+    position, then the earlier offer (so each window's candidates come in order)."""
+    return sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
+                  key=lambda t: (-t[0], t[1], t[2]))
+
+
 def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> list[int]:
     """Admission in order of survival. With a sampled window among the offers it stops at the first candidate
     that does not raise tokens / cost (what keeps sampled output exact: module docstring); greedy windows take
     the best prefix of that order, which can reach past a dear row count to a cheaper one (the last call's)."""
-    items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
-                   key=lambda t: (-t[0], t[1], t[2]))
+    items = _survival_order(offers)
     stop_early = any(o.sampled for o in offers)
     rows = fixed_rows + sum(2 if o.padded else 1 for o in offers)
     tokens = fixed_tokens + len(offers)
@@ -531,8 +537,7 @@ def _admit(offers: list[Offer], fixed_rows: int, fixed_tokens: float, cost) -> l
 
 def _top(offers: list[Offer], m: int) -> list[int]:
     """The m candidates of largest survival, as counts per offer (a prefix of each window: survival falls along it)."""
-    items = sorted(((a, j, i) for i, o in enumerate(offers) for j, a in enumerate(survivals(o.chances))),
-                   key=lambda t: (-t[0], t[1], t[2]))
+    items = _survival_order(offers)
     verify = [0] * len(offers)
     for _, j, i in items[:m]:
         verify[i] = max(verify[i], j + 1)
