@@ -60,7 +60,7 @@ class RunOptions:
     resume: bool = False
     stage: str = ""  # run only this stage
     init: Path | None = None  # starting weights of the first stage run
-    stop_after: str = ""  # "prompts": build the offline prompts and stop (then --resume elsewhere)
+    stop_after: str = ""  # "prompts": the offline prompts; "answers": also the first stage's turns and answers; then --resume
     export: bool = True
     time_budget_s: float = 0.0  # per stage, over the recipe's
 
@@ -370,6 +370,10 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
             if world.main:
                 save_answers(cache, [x for rows_ in by_source.values() for x in rows_], answers)
             ddp.barrier(world)
+        if opts.stop_after == "answers":  # a lease too short for the whole stage: the next one starts from here
+            log(f"stage {stage.name}: sampled turns and answers written to {work}: continue with the same command "
+                "and --resume")
+            return None
         held = [x for x in held if x.id in answers]
         train_rows = [x for x in train_rows if x.id in answers]
         budget_rows = rows_within_feature_budget(held, train_rows, answers, gib, per_token, log, r.data.seed)

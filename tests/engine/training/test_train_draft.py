@@ -282,6 +282,24 @@ def test_data_stage_is_deterministic_for_a_seed(tiny_qwen3_hf: Path, tmp_path: P
     assert bench["n"] == 8  # the benchmark 8-gram hashes travel with the run (empty where the packages are absent)
 
 
+def test_a_stage_stopped_after_its_answers_resumes_without_answering_again(tiny_qwen3_hf: Path, tmp_path: Path,
+                                                                          capsys, single_thread) -> None:
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=20)
+    args = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / "run"), "--recipe",
+            str(recipe), "--device", "cpu", "--no-export"]
+    code, out, err = _run(capsys, *args, "--stop-after", "answers")
+    assert code == 0, err
+    assert out == [] and "answers:" in err and "continue with the same command" in err
+    work = tmp_path / "run" / "work"
+    answers = (work / "answers.jsonl.gz").read_bytes()
+    assert not (tmp_path / "run" / "training.json").exists() and not list(work.glob("stage-*.pt"))
+    code, out, err = _run(capsys, *args, "--resume")
+    assert code == 0, err
+    assert "answers:" not in err and (work / "answers.jsonl.gz").read_bytes() == answers  # nothing answered twice
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert record["stages"][0]["data"]["answered_this_run"] == 0 and Path(out[-1]) == tmp_path / "run" / "checkpoint"
+
+
 def test_benchmark_prompts_are_dropped() -> None:
     from engine.training import sources as S
 
