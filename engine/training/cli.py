@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     t.add_argument("--init", help="starting weights of the (first) stage: a draft checkpoint folder")
     t.add_argument("--stop-after", default="", choices=("", "prompts", "answers"),
                    help="'prompts': build the offline prompts and stop (finish with --resume, e.g. on a GPU machine); "
-                        "'answers': also sample and answer the first stage's rows, and stop before its features")
+                        "'answers': also sample and answer the next stage's rows, and stop before its features")
     t.add_argument("--no-export", action="store_true", help="write the checkpoint folder but no OpenVINO folder")
     t.set_defaults(func=cmd_train_draft)
     return t

@@ -60,7 +60,7 @@ class RunOptions:
     resume: bool = False
     stage: str = ""  # run only this stage
     init: Path | None = None  # starting weights of the first stage run
-    stop_after: str = ""  # "prompts": the offline prompts; "answers": also the first stage's turns and answers; then --resume
+    stop_after: str = ""  # "prompts": the offline prompts; "answers": the next stage's answers too (then --resume)
     export: bool = True
     time_budget_s: float = 0.0  # per stage, over the recipe's
 
