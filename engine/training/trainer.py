@@ -52,6 +52,12 @@ class TrainSettings:
     sub_vocab: bool = True  # logits over the draft's sub-vocabulary where it gets one (losses.SubVocab)
 
 
+def budget_progress(seconds_before: float, elapsed: float, budget_s: float | None) -> float:
+    """The time budget's share spent: it counts the seconds of the runs before a resume, so a resumed
+    stage trains only for what its budget has left (not the remainder of the schedule over a whole new budget)."""
+    return (seconds_before + elapsed) / budget_s if budget_s else 0.0
+
+
 def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -92,7 +98,7 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
     gen = torch.Generator().manual_seed((cfg.seed * 1000003 + state["step"]) * world.size + world.rank)
     amp = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
     n_anchor = cfg.num_anchors
-    start_step, p0 = state["step"], state["progress"]
+    start_step, seconds_before = state["step"], state["seconds"]
     t_start = time.perf_counter()
     run: dict[str, Any] = {}
     run_n = 0
@@ -118,7 +124,7 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
 
     while state["step"] < cfg.steps:
         elapsed = time.perf_counter() - t_start
-        p_time = p0 + (1 - p0) * elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0
+        p_time = budget_progress(seconds_before, elapsed, cfg.time_budget_s)
         state["progress"] = max(state["progress"], state["step"] / cfg.steps, p_time)
         state["progress"] = ddp.agree_max(world, [state["progress"]], dev)[0]  # all stop at the same step
         if state["progress"] >= 1.0:

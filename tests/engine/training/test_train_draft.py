@@ -196,6 +196,15 @@ def _check_snapshot(run: Path, dest: Path, weights: dict, step: int) -> None:
         assert torch.equal(got[k].float(), v.float().cpu()), k
 
 
+def test_a_resumed_stage_trains_only_for_what_its_time_budget_has_left() -> None:
+    from engine.training.trainer import budget_progress
+
+    assert budget_progress(0.0, 90.0, 360.0) == 0.25
+    assert budget_progress(358.0, 2.0, 360.0) == 1.0  # killed at 358 s of 360: the resumed run stops after 2 s
+    assert budget_progress(100.0, 0.0, 400.0) == 0.25  # the runs before the resume count from its first step
+    assert budget_progress(500.0, 1.0, None) == 0.0  # no budget: progress is by steps alone
+
+
 def test_a_stage_from_given_weights_reports_their_heldout_tau(tiny_qwen3_hf: Path, tmp_path: Path, capsys,
                                                               single_thread) -> None:
     """A fine-tuning run (--init) measures the weights it starts from on its held-out rows, so its
