@@ -72,15 +72,19 @@ class FakePipeline:
 
     @property
     def default_num_candidates(self) -> int:
-        return self.block_size - 1 if self.draft_name is not None else 0
+        if self.draft_name is None:
+            return 0
+        return self.draft_default_candidates or self.block_size - 1
 
     def __init__(self, target_dir=None, draft_dir=None, device="CPU", *, tokens_per_second: float = 0.0,
                  step_delay_s: float = 0.0, acceptance: float = 0.7, seed: int = 0,
                  text: str = SAMPLE_TEXT, has_chat_template: bool = True,
                  fail_on_step: int | None = None, prefill_delay_s: float = 0.0,
-                 draft_variant: str = "dflash_v1", draft_head_top_k: int = 0, confidence: bool = False) -> None:
+                 draft_variant: str = "dflash_v1", draft_head_top_k: int = 0, confidence: bool = False,
+                 draft_default_candidates: int | None = None) -> None:
         self.target_name = Path(target_dir).name if target_dir else "fake-target"
         self.draft_name = Path(draft_dir).name if draft_dir else None
+        self.draft_default_candidates = draft_default_candidates  # a draft config's num_assistant_tokens
         # A draft "with a Markov head" when draft_head_top_k > 0 (its default K), as DSpark / DFlash v2 say.
         self.draft = (FakeDraft(FakeDraftInfo(self.draft_name, draft_variant, draft_head_top_k > 0, draft_head_top_k,
                                               self.block_size - 1, confidence))

@@ -40,7 +40,7 @@ from engine.bench.spec import (SCHEDULER_FIELDS, BenchSpec, Decoding, effective_
                                spec_command)
 from engine.bench.turns import caching_label, check_turns, fresh_cache, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
-from engine.draft_policy import ADAPTIVE, DEFAULT_POLICY, make_policy
+from engine.draft_policy import DEFAULT_POLICY, make_policy
 from engine.errors import ContextLengthError, DFlashError
 
 __all__ = ["BenchResult", "BenchSpec", "Decoding", "Row", "run_bench", "describe_machine", "default_loader"]
@@ -416,11 +416,12 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
             info = pipe.describe().draft
             variant, has_head = (info.variant, info.has_head) if info is not None else (None, False)
 
-            def drafted(n: int | None, policy: str) -> int:
-                """The row's drafted count: the request's, else the engine's default under the policy."""
+            def drafted(n: int | None) -> int:
+                """The row's drafted count: the request's, else what the engine drafts for a request that does
+                not say (the draft's tuned count under either policy), so the default row measures the default."""
                 if n or info is None:
                     return n or 0
-                return info.max_candidates if policy == ADAPTIVE else info.default_candidates
+                return info.default_candidates
 
             ns = list(dict.fromkeys(spec.num_assistant_tokens))
             if has_head:
@@ -430,12 +431,10 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                 if any(k is not None for k in spec.markov_head_top_k) and dec is spec.decodings[0]:
                     notes.append(f"{path.name}: has no Markov head, so markov_head_top_k does not apply "
                                  "(one row per num_assistant_tokens).")
-            counts = sorted({drafted(n, policy) for n in ns for policy in policies})
+            counts = sorted({drafted(n) for n in ns})
             for n in counts:  # one row per drafted count x K x policy, in the order of the drafted count
                 for k in ks:
                     for policy in policies:
-                        if not any(drafted(m, policy) == n for m in ns):
-                            continue
                         label = (f"{path.name} ({variant or 'draft'}) n={n}" + ("" if k is None else f" K={k}")
                                  + ("" if policy == DEFAULT_POLICY else f", {policy}"))
                         cfg = dec.config(num_assistant_tokens=n or None, markov_head_top_k=k)
