@@ -416,13 +416,6 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
             info = pipe.describe().draft
             variant, has_head = (info.variant, info.has_head) if info is not None else (None, False)
 
-            def drafted(n: int | None) -> int:
-                """The row's drafted count: the request's, else what the engine drafts for a request that does
-                not say (the draft's tuned count under either policy), so the default row measures the default."""
-                if n or info is None:
-                    return n or 0
-                return info.default_candidates
-
             ns = list(dict.fromkeys(spec.num_assistant_tokens))
             if has_head:
                 ks = sorted({info.default_top_k if k is None else k for k in spec.markov_head_top_k}, reverse=True)
@@ -431,7 +424,8 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                 if any(k is not None for k in spec.markov_head_top_k) and dec is spec.decodings[0]:
                     notes.append(f"{path.name}: has no Markov head, so markov_head_top_k does not apply "
                                  "(one row per num_assistant_tokens).")
-            counts = sorted({drafted(n) for n in ns})
+            # A row that names no count drafts what the engine gives such a request under either policy.
+            counts = sorted({n or (info.default_candidates if info is not None else 0) for n in ns})
             for n in counts:  # one row per drafted count x K x policy, in the order of the drafted count
                 for k in ks:
                     for policy in policies:
