@@ -629,6 +629,23 @@ OPENERS: tuple[tuple[str, float, tuple[str, ...]], ...] = (
     ("ask", 0.10, (
         "Explain", "How can I", "What are some", "Why do", "Give me tips", "Suggest", "Compare",
         "Plan", "What would happen if", "Teach me")),
+    # The kinds below have no share unless a source's `shares` names them, so the plans of sources written
+    # before they existed are unchanged (their draws come after the kinds above).
+    ("reasoning", 0.0, (
+        "Solve this riddle:", "Here is a logic puzzle:", "Suppose that", "If all", "Think step by step:",
+        "In a race,", "Which of these", "A family has", "Three friends", "Is it possible that")),
+    ("math", 0.0, (
+        "Solve for x:", "Calculate", "What is the probability that", "Find the", "Prove that",
+        "How many ways", "Compute", "A train leaves", "What is the sum of", "Simplify")),
+    ("stem", 0.0, (
+        "Explain how", "What is the difference between", "Describe the process of", "How does",
+        "In physics,", "In biology,", "In chemistry,", "What causes", "Why is the sky", "How do vaccines")),
+    ("humanities", 0.0, (
+        "Discuss", "Analyze", "What were the causes of", "Compare the philosophies of", "How did",
+        "Evaluate", "In economics,", "What is the significance of", "Explain the concept of", "Critique")),
+    ("extraction", 0.0, (
+        "Extract", "From the following text,", "Identify the", "Read the following", "Given these",
+        "Parse the", "List all the", "Classify the following", "Pull out the", "Here is a paragraph:")),
 )
 
 
