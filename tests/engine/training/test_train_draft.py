@@ -319,27 +319,23 @@ def test_benchmark_prompts_are_dropped() -> None:
     kept, dropped = S.drop_benchmark_overlap(rows, ["def has_close_elements("])
     assert [r.id for r in kept] == ["b"] and dropped == 1
 
-def test_opener_kinds_added_later_leave_earlier_plans_alone() -> None:
+
+def test_opener_kinds_added_later_leave_earlier_plans_alone(monkeypatch) -> None:
     from engine.training import sources as S
 
     first_kinds = {"writing", "roleplay", "ask"}
     shares = {"writing": 0.40, "roleplay": 0.30, "ask": 0.30}
-    plan = S.opener_plan(600, 62, shares)
-    assert {kind for kind, _ in plan} == first_kinds and len(plan) == 600
-    # the draws a plan of the first kinds makes come first, so a recipe's earlier sources keep their turns
-    kinds_before = tuple(k for k in S.OPENERS if k[0] in first_kinds)
-    original = S.OPENERS
-    try:
-        S.OPENERS = kinds_before
-        assert S.opener_plan(600, 62, shares) == plan
-    finally:
-        S.OPENERS = original
-    wide = S.opener_plan(800, 72, {k: 1.0 for k, _, _ in S.OPENERS})
-    assert {kind for kind, _ in wide} == {k for k, _, _ in S.OPENERS} and len(wide) == 800
-    # every opener of a kind belongs to it
-    openers = {k: set(o) for k, _, o in S.OPENERS}
-    assert all(opener in openers[kind] for kind, opener in wide)
-
+    plans = [S.opener_plan(600, 62, shares), S.opener_plan(600, 6)]  # a recipe's shares, and the default ones
+    assert all({kind for kind, _ in plan} == first_kinds and len(plan) == 600 for plan in plans)
+    # without the later kinds the same plans come out: a recipe's earlier sources keep their turns
+    all_kinds = S.OPENERS
+    monkeypatch.setattr(S, "OPENERS", tuple(k for k in all_kinds if k[0] in first_kinds))
+    assert [S.opener_plan(600, 62, shares), S.opener_plan(600, 6)] == plans
+    monkeypatch.setattr(S, "OPENERS", all_kinds)
+    wide = S.opener_plan(800, 72, {k: 1.0 for k, _, _ in all_kinds})
+    assert {kind for kind, _ in wide} == {k for k, _, _ in all_kinds} and len(wide) == 800
+    openers = {k: set(o) for k, _, o in all_kinds}
+    assert all(opener in openers[kind] for kind, opener in wide)  # every opener drawn from its own kind
 
 
 def _refused(capsys, tmp_path: Path, target: Path, recipe: Path | None, variant: str = "dspark") -> str:
