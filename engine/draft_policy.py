@@ -11,7 +11,8 @@ that opens in a step, how far the target checks it, from what is known before th
   the windows this pipeline closed; without it, the request's acceptance by position so far
   (engine/metrics.PositionCounts), from a prior of the pipeline's pooled counts. (The peak tells
   accepted from rejected candidates far better than DSpark's confidence head: docs/batching.md.)
-* the step's cost: the target's milliseconds by rows (`CostTable`, robust to one slow call), plus
+* the step's cost: the target's milliseconds by rows (`CostTable`, priced from calls that kept their row
+  count and robust to one slow or lucky call), plus
   what the step pays whatever is verified (the draft call it just made, the host's own work).
 
 It maximises expected tokens per millisecond of the whole step, all requests together: the
@@ -87,54 +88,85 @@ def check_policy(name: object, field_name: str = "draft_policy") -> str:
 
 @dataclass
 class CostTable:
-    """Milliseconds by size (rows of a target step): a local affine fit, fixed + per-unit cost (both
-    >= 0), over the `near` sizes closest to the one asked for, each priced at the median of its last
-    `keep` times and weighted by how often it was seen; sizes seen only once are left out while
-    others were seen twice. Local, because a CPU prices a row of a long prompt chunk lower than a row
-    of a small decode step; medians and weights, because one slow call (the first run at a new shape,
-    another process taking the CPU) must not price a size out for good. Sizes not seen yet are priced
-    by the same fit."""
+    """Milliseconds by size (rows of a target step), robust to the calls that mislead: one slow call (the
+    first run at a new shape, another process taking the CPU) and the few calls of a size the policy visits
+    for one step, right after a change of row count, which once priced 4 rows below one row and steered the
+    choice (docs/benchmarks.md, issue 25).
+
+    A size is *trusted* once `trust` of its calls ran at an unchanged row count ("kept" calls): its price is
+    their median over the last `keep`. A size between two trusted ones is priced on the line between them; one
+    beside a single trusted size, on the line from it whose slope is the median of the slopes to the `near`
+    other sizes closest to the one asked for (each at its median: kept calls where it has any, else the calls
+    right after a change, "loose", less the policy's measured switch charge), so one odd size does not tilt it.
+    Before any size is trusted, a weighted affine fit, fixed + per-unit cost (both >= 0), over the `near`
+    closest sizes. Local, because a CPU prices a row of a long prompt chunk lower than a row of a decode step."""
 
     keep: int = 8
     near: int = 4
-    samples: dict[int, deque[float]] = field(default_factory=dict)
+    trust: int = 3
+    samples: dict[int, deque[float]] = field(default_factory=dict)  # kept calls
     counts: dict[int, int] = field(default_factory=dict)
-    _medians: dict[int, float] = field(default_factory=dict)
-    _sizes: list[int] = field(default_factory=list)  # the sizes a fit uses, in order
+    loose: dict[int, deque[float]] = field(default_factory=dict)  # calls right after a change, switch charge taken off
+    loose_counts: dict[int, int] = field(default_factory=dict)
+    _trusted: list[int] = field(default_factory=list)
+    _sizes: list[int] = field(default_factory=list)  # every size seen, in order
     _cache: dict[int, float] = field(default_factory=dict)
 
-    def observe(self, size: int, ms: float) -> None:
+    def observe(self, size: int, ms: float, kept: bool = True) -> None:
         if size <= 0 or ms <= 0:
             return
-        self.samples.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
-        self.counts[size] = self.counts.get(size, 0) + 1
-        self._medians[size] = median(self.samples[size])
-        self._sizes = sorted(s for s in self.samples if self.counts[s] >= 2)
-        if len(self._sizes) < 2:
-            self._sizes = sorted(self.samples)
+        calls, counts = (self.samples, self.counts) if kept else (self.loose, self.loose_counts)
+        calls.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
+        counts[size] = counts.get(size, 0) + 1
+        self._trusted = sorted(s for s, c in self.counts.items() if c >= self.trust)
+        self._sizes = sorted(set(self.samples) | set(self.loose))
         self._cache.clear()
 
+    def _price(self, size: int) -> float:
+        return median(self.samples[size] if size in self.samples else self.loose[size])
+
+    def _near(self, size: int, sizes: list[int]) -> list[int]:
+        """The `near` sizes closest to `size` (ties to the smaller)."""
+        i = bisect_left(sizes, size)
+        lo, hi = i, i
+        while hi - lo < min(self.near, len(sizes)):
+            if lo > 0 and (hi >= len(sizes) or size - sizes[lo - 1] <= sizes[hi] - size):
+                lo -= 1
+            else:
+                hi += 1
+        return sizes[lo:hi]
+
     def estimate(self, size: int) -> float:
-        if size <= 0 or not self.samples:
+        if size <= 0 or not self._sizes:
             return 0.0
-        if self.counts.get(size, 0) >= 2:  # seen: its own median (a CPU's cost can jump from one size to the next)
-            return self._medians[size]
+        if self.counts.get(size, 0) >= self.trust:  # its own median (a CPU's cost can jump from one size to the next)
+            return median(self.samples[size])
         if size not in self._cache:
-            sizes = self._sizes
-            i = bisect_left(sizes, size)
-            lo, hi = i, i  # the `near` sizes closest to `size` (ties to the smaller): widen a window around it
-            while hi - lo < min(self.near, len(sizes)):
-                if lo > 0 and (hi >= len(sizes) or size - sizes[lo - 1] <= sizes[hi] - size):
-                    lo -= 1
-                else:
-                    hi += 1
-            a, b = _affine([(s, self._medians[s], self.counts[s]) for s in sizes[lo:hi]])
-            self._cache[size] = a + b * size
+            self._cache[size] = self._estimate(size)
         return self._cache[size]
+
+    def _estimate(self, size: int) -> float:
+        trusted = self._trusted
+        if not trusted:
+            pts = [(s, self._price(s), self.counts.get(s, 0) + self.loose_counts.get(s, 0))
+                   for s in self._near(size, self._sizes)]
+            a, b = _affine(pts)
+            return a + b * size
+        i = bisect_left(trusted, size)
+        if 0 < i < len(trusted):  # between two trusted sizes: the line between them
+            s0, s1 = trusted[i - 1], trusted[i]
+            v0, v1 = median(self.samples[s0]), median(self.samples[s1])
+            return v0 + (v1 - v0) * (size - s0) / (s1 - s0)
+        anchor = trusted[0] if i == 0 else trusted[-1]
+        v = median(self.samples[anchor])
+        others = [s for s in self._sizes if s != anchor]
+        slopes = [(self._price(s) - v) / (s - anchor) for s in self._near(size, others)]
+        slope = max(0.0, median(slopes)) if slopes else v / 2 / anchor  # nothing else seen: half of it fixed
+        return max(0.0, v + slope * (size - anchor))
 
     @property
     def seen(self) -> bool:
-        return bool(self.samples)
+        return bool(self._sizes)
 
 
 def _affine(pts: list[tuple[int, float, int]]) -> tuple[float, float]:
@@ -327,7 +359,8 @@ class DraftPolicy:
 
     prior_accept: float = 0.6  # P(accept | prefix passed) before any window closed
     prior_weight: float = 8.0  # windows' worth of the pooled rate in each request's estimate
-    explore_every: int = 48  # every so many choices, verify everything (measures the larger row counts)
+    explore_every: int = 48  # every so many choices, verify everything (measures the larger row counts)...
+    explore_hold: int = 3  # ...for so many choices in a row: the first pays the change, the others are kept calls
     explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
     draft_quantile: float = 0.9
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
@@ -361,7 +394,7 @@ class DraftPolicy:
             gaps = [median(self.changed[r]) - median(self.kept[r]) for r in self.changed
                     if len(self.changed[r]) >= 2 and len(self.kept.get(r, ())) >= 2]
             self.switch_cost = max(0.0, median(gaps)) if gaps else 0.0
-        self.target.observe(rows, target_ms - (self.switch_cost if switched else 0.0))  # the cost table: kept shapes
+        self.target.observe(rows, target_ms - (self.switch_cost if switched else 0.0), kept=not switched)
         if host_ms >= 0:
             self.host.append(host_ms)
         if draft_ms > 0:
@@ -438,7 +471,7 @@ class DraftPolicy:
         validation or verified whole, a one-row chunk's padding row included);
         fixed_tokens: the tokens they are expected to give; fixed_ms: what the step costs besides the target
         (the draft call, the host). Each offer adds its anchor row and the target's own token. Everything
-        while the target's cost is unknown, and on every `explore_every`-th choice."""
+        while the target's cost is unknown, and on the last `explore_hold` of every `explore_every` choices."""
         if not offers:
             return []
         full = [len(o.chances) for o in offers]
@@ -446,7 +479,8 @@ class DraftPolicy:
         if not self.target.seen:
             return full
         self.choices += 1
-        if self.explore_every and self.choices % self.explore_every == 0:
+        every = self.explore_every
+        if every and (self.choices - 1) % every >= every - min(self.explore_hold, every):
             return full
         self.explored = False
         m = self.regime_count(offers, fixed_rows, fixed_tokens, fixed_ms)

@@ -34,6 +34,36 @@ def test_cost_table_fits_the_nearest_sizes_and_shrugs_off_slow_calls() -> None:
     assert 0 not in t.samples and 3 not in t.samples  # nonsense sizes and times are not kept
 
 
+def test_only_calls_at_a_kept_row_count_price_a_size_by_itself() -> None:
+    """Sizes visited for one step, right after a change of row count, are priced from a call or two, and one lucky
+    call steered the choice (4 rows from one call cheaper than a row: docs/benchmarks.md, issue 25). They borrow
+    the line through the sizes the pipeline kept, and the choice matches the one on the true costs."""
+    true = lambda r: 29.0 + 2.0 * r  # one request on a CPU: 1 row 31 ms, 8 rows 45 ms
+    rng = random.Random(4)
+    p = DraftPolicy(explore_every=0)
+    p.observe_step(8, true(8), 0.5)
+    for step in range(200):  # the full window kept, with a visit to a shorter one now and then
+        rows = 8
+        if step % 40 == 39:  # each of 3..7 rows once
+            rows = 3 + (step // 40) % 5
+        p.observe_step(rows, true(rows) + rng.uniform(-1.0, 1.0) + (3.0 if rows != p.last_rows else 0.0), 0.5)
+    for _ in range(2):  # and twice more 4 rows, lucky calls: 10 ms under its price
+        p.observe_step(4, true(4) - 10.0 + 3.0, 0.5)
+        p.observe_step(8, true(8) + 3.0, 0.5)
+    assert p.target.counts[8] > 150 and p.target.counts.get(4, 0) == 0  # every call at 4 rows came after a change
+    assert p.target.estimate(8) == pytest.approx(true(8), abs=1.0)
+    for rows in range(1, 8):
+        assert p.target.estimate(rows) == pytest.approx(true(rows), abs=4.0), rows
+    humaneval = [0.85, 0.8, 0.75, 0.7, 0.7, 0.65, 0.6]  # 2.04 tokens expected from 3 candidates, 2.90 from 7
+    truth = DraftPolicy(explore_every=0)
+    for _ in range(4):
+        for rows in range(1, 9):
+            truth.target.observe(rows, true(rows))
+    truth.last_rows, truth.switch_cost = p.last_rows, p.switch_cost
+    assert p.choose([Offer(0, humaneval, sampled=False)], 0, 0.0, 8.0) == \
+        truth.choose([Offer(0, humaneval, sampled=False)], 0, 0.0, 8.0)
+
+
 def test_position_counts_are_one_counter_for_shares_and_chances() -> None:
     c = PositionCounts()
     c.add(3, 1)  # accepted the first, rejected the second, the third verified but never reached
@@ -86,7 +116,7 @@ def test_calibration_tells_positions_apart() -> None:
 def _policy(target_ms) -> DraftPolicy:
     p = DraftPolicy(explore_every=0)
     for rows in range(1, 80):
-        for _ in range(2):
+        for _ in range(1 + p.target.trust):  # a change of row count, then kept calls: each size trusted
             p.observe_step(rows, target_ms(rows), 0.5)
     return p
 
@@ -183,9 +213,9 @@ def test_unknown_costs_verify_everything_and_exploration_measures_the_larger_win
     assert DraftPolicy().choose([Offer(0, [0.1] * 5), Offer(1, [0.1] * 3)], 0, 0.0, 1.0) == [5, 3]
     assert DraftPolicy().choose([], 4, 1.0, 1.0) == []
     p = _policy(lambda r: 2.5 * r)
-    p.explore_every = 4
-    picks = [p.choose([Offer(0, [0.2] * 3)], 0, 0.0, 1.0)[0] for _ in range(8)]
-    assert picks == [0, 0, 0, 3, 0, 0, 0, 3]
+    p.explore_every, p.explore_hold = 8, 3  # the full count for three choices in a row: two of them at a kept count
+    picks = [p.choose([Offer(0, [0.2] * 3)], 0, 0.0, 1.0)[0] for _ in range(16)]
+    assert picks == ([0] * 5 + [3] * 3) * 2
 
 
 def test_the_drafted_count_follows_the_verified_lengths_and_explores() -> None:
