@@ -64,6 +64,25 @@ def test_only_calls_at_a_kept_row_count_price_a_size_by_itself() -> None:
         truth.choose([Offer(0, humaneval, sampled=False)], 0, 0.0, 8.0)
 
 
+def test_the_survival_scale_corrects_chances_that_compound_high() -> None:
+    """Chances a little high per position make a window's survival far too high a few positions on: the scale
+    learned from closed windows brings the survivals to what was accepted, and the policy verifies less."""
+    rng = random.Random(6)
+    said, true = [0.85] * 7, [0.6] * 7  # the calibration says 0.85 where the target accepts 0.6
+    p = _policy(lambda r: 30.0 + 2.0 * r)
+    before = p.choose([Offer(0, said, sampled=False)], 0, 0.0, 6.0)[0]
+    for _ in range(3000):
+        accepted = next((j for j in range(7) if rng.random() >= true[j]), 7)
+        p.observe_window(False, 7, accepted, None, said)
+    scaled = survivals(p.survival[False](said))
+    for j, a in enumerate(scaled[:5]):
+        assert a == pytest.approx(0.6 ** (j + 1), rel=0.12), j
+    after = p.choose([Offer(0, said, sampled=False)], 0, 0.0, 6.0)[0]
+    assert after < before
+    assert p.survival[False](said)[0] == pytest.approx(0.6, abs=0.03)
+    assert True not in p.survival  # sampled requests keep their own
+
+
 def test_position_counts_are_one_counter_for_shares_and_chances() -> None:
     c = PositionCounts()
     c.add(3, 1)  # accepted the first, rejected the second, the third verified but never reached
@@ -239,6 +258,8 @@ def test_whether_a_candidate_is_verified_never_depends_on_the_ones_after_it() ->
     rng = random.Random(3)
     for trial in range(300):
         policy = _policy(lambda r, s=rng.uniform(0.1, 3.0), f=rng.uniform(0.0, 20.0): f + s * r)
+        for _ in range(rng.randint(0, 30)):  # a survival scale learned from earlier windows, or none
+            policy.observe_window(True, 6, rng.randint(0, 6), None, [rng.random() for _ in range(6)])
         offers = [Offer(i, [rng.random() for _ in range(rng.randint(1, 8))]) for i in range(rng.randint(1, 6))]
         fixed = (rng.randint(0, 20), rng.random() * 3, rng.uniform(0.0, 10.0))
         verify = policy.choose(offers, *fixed)

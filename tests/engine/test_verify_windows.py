@@ -44,7 +44,7 @@ class FrozenCost(CostTable):
         super().__init__()
         self.price = price
 
-    def observe(self, size: int, ms: float) -> None:
+    def observe(self, size: int, ms: float, kept: bool = True) -> None:
         pass
 
     def estimate(self, size: int) -> float:
