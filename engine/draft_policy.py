@@ -11,6 +11,8 @@ that opens in a step, how far the target checks it, from what is known before th
   the windows this pipeline closed; without it, the request's acceptance by position so far
   (engine/metrics.PositionCounts), from a prior of the pipeline's pooled counts. (The peak tells
   accepted from rejected candidates far better than DSpark's confidence head: docs/batching.md.)
+  A window's survivals, the products of these, are then scaled per position to what closed windows
+  accepted (`SurvivalScale`): a chance a little high per position compounds along a window.
 * the step's cost: the target's milliseconds by rows (`CostTable`, priced from calls that kept their row
   count and robust to one slow or lucky call), plus
   what the step pays whatever is verified (the draft call it just made, the host's own work).
@@ -401,8 +403,11 @@ class DraftPolicy:
 
     prior_accept: float = 0.6  # P(accept | prefix passed) before any window closed
     prior_weight: float = 8.0  # windows' worth of the pooled rate in each request's estimate
-    explore_every: int = 48  # every so many choices, verify everything (measures the larger row counts)...
-    explore_hold: int = 3  # ...for so many choices in a row: the first pays the change, the others are kept calls
+    # every so many choices, verify everything (measures the larger row counts) for `explore_hold` choices in a
+    # row: the first pays the change, the others are kept calls. Each probe costs two changes of row count and
+    # full rows: on chat, every 48th with a hold of 3 cost ~1 % of speed (docs/benchmarks.md, issue 25).
+    explore_every: int = 192
+    explore_hold: int = 3
     explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
     draft_quantile: float = 0.9
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
