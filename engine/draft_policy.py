@@ -76,7 +76,8 @@ DEFAULT_POLICY = ADAPTIVE  # at least as fast as `always` at every load measured
 REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
 REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
 SWITCH_HORIZON = 1  # steps over which a change of the target's row count must pay back its one-off cost
-REGIME_HORIZON = 8  # steps over which a change of the regime's verified count must pay back the change
+REGIME_HORIZON = 4  # steps over which a change of the regime's verified count must pay back the change (8 moved
+# on noise in chat's survivals where a change costs half a step: docs/benchmarks.md, issue 25)
 REGIME_MIN_STEPS = 8  # steps of history before the regime decides (the per-step choice until then)
 
 

@@ -68,6 +68,9 @@ class FrozenPolicy(DraftPolicy):
     def observe_step(self, rows, target_ms, host_ms, draft_ms=0.0):
         pass  # costs frozen: nor does a change of row count cost anything here
 
+    def observe_window(self, sampled, verified, accepted, peak, predicted=None):
+        super().observe_window(sampled, verified, accepted, peak)  # the chances as given: no survival scale learned
+
 
 def _draft(request, name: str) -> tuple[Path, int | None]:
     if name == "dspark_trained":
