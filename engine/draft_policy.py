@@ -76,8 +76,8 @@ DEFAULT_POLICY = ADAPTIVE  # at least as fast as `always` at every load measured
 REPRODUCIBLE_ROW_COST = 0.06  # a verify row's cost, as a share of a one-row step (a seeded request's fixed costs)
 REPRODUCIBLE_FIXED_COST = 0.3  # the draft call and the host, likewise
 SWITCH_HORIZON = 1  # steps over which a change of the target's row count must pay back its one-off cost
-REGIME_HORIZON = 4  # steps over which a change of the regime's verified count must pay back the change (8 moved
-# on noise in chat's survivals where a change costs half a step: docs/benchmarks.md, issue 25)
+REGIME_HORIZON = 4  # steps over which a change of the regime's verified count must pay back the change (a longer
+# horizon moved on noise in chat's survivals, and each move back costs a change: docs/benchmarks.md, issue 25)
 REGIME_MIN_STEPS = 8  # steps of history before the regime decides (the per-step choice until then)
 
 
@@ -93,8 +93,8 @@ def check_policy(name: object, field_name: str = "draft_policy") -> str:
 class CostTable:
     """Milliseconds by size (rows of a target step), robust to the calls that mislead: one slow call (the
     first run at a new shape, another process taking the CPU) and the few calls of a size the policy visits
-    for one step, right after a change of row count, which once priced 4 rows below one row and steered the
-    choice (docs/benchmarks.md, issue 25).
+    for one step, right after a change of row count, which once priced a short window below a one-row call
+    and steered the choice (docs/benchmarks.md, issue 25).
 
     A size is *trusted* once `trust` of its calls ran at an unchanged row count ("kept" calls): its price is
     their median over the last `keep`. A size between two trusted ones is priced on the line between them; one
@@ -338,10 +338,10 @@ def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
 class SurvivalScale:
     """Observed over predicted survival by position, learned online: the calibration maps each candidate's
     chance given the ones before were accepted, and a window's survival a_j is their product, so a small
-    over-estimate per position compounds along the window (on Qwen MT-Bench the calibrated chances ran 0.03 high
-    on average and 0.09 in the 0.8-0.9 bins, and the policy verified 4-7 where 3 paid: docs/benchmarks.md, issue
-    25). Per position j: the windows verified that far, the sum of their predicted a_j and how many accepted j;
-    the factor (accepted + weight) / (predicted + weight) scales a_j (no change until windows say otherwise)."""
+    over-estimate per position compounds along the window (on Qwen MT-Bench the policy verified long windows where
+    short ones paid: docs/benchmarks.md, issue 25). Per position j: the windows verified that far, the sum of
+    their predicted a_j and how many accepted j; the factor (accepted + weight) / (predicted + weight) scales a_j
+    (no change until windows say otherwise)."""
 
     weight: float = 10.0
     positions: int = 16
@@ -406,7 +406,7 @@ class DraftPolicy:
     prior_weight: float = 8.0  # windows' worth of the pooled rate in each request's estimate
     # every so many choices, verify everything (measures the larger row counts) for `explore_hold` choices in a
     # row: the first pays the change, the others are kept calls. Each probe costs two changes of row count and
-    # full rows: on chat, every 48th with a hold of 3 cost ~1 % of speed (docs/benchmarks.md, issue 25).
+    # full rows, so they are rare (docs/benchmarks.md, issue 25).
     explore_every: int = 192
     explore_hold: int = 3
     explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)

@@ -86,7 +86,9 @@ def test_events_stream_the_whole_text_and_mark_drafted_tokens(tiny_qwen3_target,
     assert any(p.from_draft for e in events for p in e.pieces)
     for e in events[1:]:
         assert len(e.tokens) == min(e.accepted + 1, len(e.tokens)) and e.tokens[: e.accepted] == e.drafted[: e.accepted]
-        assert e.timings.target_ms > 0 and e.timings.draft_model_ms > 0
+        assert e.timings.target_ms > 0
+        # the draft ran for every window with candidates (one step from max_new_tokens there is room for none)
+        assert e.timings.draft_model_ms > 0 or not e.drafted
 
 
 def test_target_alone_equals_openvino_genai(tiny_qwen3_target, qwen_alone) -> None:
