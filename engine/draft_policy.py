@@ -62,7 +62,7 @@ survivals never reaches past a window's first unverified candidate, so sampled o
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field, replace
 from statistics import median
@@ -111,18 +111,20 @@ class CostTable:
     counts: dict[int, int] = field(default_factory=dict)
     loose: dict[int, deque[float]] = field(default_factory=dict)  # calls right after a change, switch charge taken off
     loose_counts: dict[int, int] = field(default_factory=dict)
-    _trusted: list[int] = field(default_factory=list)
+    _trusted: list[int] = field(default_factory=list)  # sizes with `trust` kept calls, in order
     _sizes: list[int] = field(default_factory=list)  # every size seen, in order
     _cache: dict[int, float] = field(default_factory=dict)
 
     def observe(self, size: int, ms: float, kept: bool = True) -> None:
         if size <= 0 or ms <= 0:
             return
+        if size not in self.samples and size not in self.loose:
+            insort(self._sizes, size)
         calls, counts = (self.samples, self.counts) if kept else (self.loose, self.loose_counts)
         calls.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
         counts[size] = counts.get(size, 0) + 1
-        self._trusted = sorted(s for s, c in self.counts.items() if c >= self.trust)
-        self._sizes = sorted(set(self.samples) | set(self.loose))
+        if kept and counts[size] == self.trust:
+            insort(self._trusted, size)
         self._cache.clear()
 
     def _price(self, size: int) -> float:
