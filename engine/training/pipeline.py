@@ -472,17 +472,21 @@ def starting_tau(loaded: bool, stem: Path, world: ddp.World,
     return got
 
 
-def sub_vocab_size(vocab_size: int) -> int:
-    """The size of the sub-vocabulary the draft ships with (0: none; it pays off on large vocabularies only)."""
+def sub_vocab_size(vocab_size: int, rows: int = 0) -> int:
+    """The size of the sub-vocabulary the draft ships with (0: none; it pays off on large vocabularies only).
+    `rows` is the stage's `vocab_rows` (TrainSettings): a larger vocabulary needs more rows than the default to cover
+    a chat answer's tokens (docs/training.md, "Stage 7"); 0 keeps the default rule."""
     from engine.models.draft_vocab import DEFAULT_SIZE
 
+    if rows:
+        return rows if rows < vocab_size else 0
     return DEFAULT_SIZE if vocab_size > 2 * DEFAULT_SIZE else 0
 
 
 def stage_vocab(settings: Any, answers: dict[str, list[int]], vocab_size: int, lm_head: Any, log: Log) -> Any:
     """The sub-vocabulary a stage trains its logits over: the one the finished draft will ship with
     (the most frequent tokens of the answers so far, as `finish` writes it), or None."""
-    size = sub_vocab_size(vocab_size)
+    size = sub_vocab_size(vocab_size, settings.vocab_rows)
     if not (settings.sub_vocab and size):
         return None
     import torch
@@ -648,7 +652,7 @@ def finish(opts: RunOptions, plan: Plan, last: Path | None, record: dict[str, An
         log(f"OpenVINO is not installed here: {ckpt} is the trained draft; run the same command with --resume on a "
             "machine with OpenVINO (it only exports), or `dflash-studio export --kind draft`")
         return None
-    size = sub_vocab_size(info.vocab_size)
+    size = sub_vocab_size(info.vocab_size, opts.recipe.stage_settings(plan.stages[-1]).vocab_rows)
     if size:
         counts = count_answer_tokens(answers.values(), info.vocab_size)
         write_draft_vocabulary(ckpt, counts, size, source=f"answers of {opts.out / 'work' / 'answers.jsonl.gz'}")

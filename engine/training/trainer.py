@@ -50,6 +50,7 @@ class TrainSettings:
     log_every: int = 100
     eval_every: int = 0  # held-out τ during training every N steps (0: only at the end)
     sub_vocab: bool = True  # logits over the draft's sub-vocabulary where it gets one (losses.SubVocab)
+    vocab_rows: int = 0  # that sub-vocabulary's size, which the finished draft ships (0: pipeline.sub_vocab_size's rule)
 
 
 def budget_progress(seconds_before: float, elapsed: float, budget_s: float | None) -> float:
