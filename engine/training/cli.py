@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=0, help="at most this many training steps per stage")
     t.add_argument("--time-budget", type=float, default=0, help="seconds of training per stage (cosine over it)")
     t.add_argument("--device", default="auto", choices=("auto", "cuda", "xpu", "cpu"))
+    t.add_argument("--max-feature-gib", type=float, default=0,
+                   help="GiB of target features a stage keeps per GPU, over the recipe's (a GPU with less memory)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     t.add_argument("--stage", default="", help="run only this recipe stage")
     t.add_argument("--init", help="starting weights of the (first) stage: a draft checkpoint folder")
@@ -46,9 +48,11 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     from engine.training.pipeline import RunOptions, run
-    from engine.training.recipe import default_recipe, load_recipe
+    from engine.training.recipe import default_recipe, load_recipe, with_feature_cap
 
     recipe = load_recipe(Path(args.recipe) if args.recipe else default_recipe(args.variant))
+    if args.max_feature_gib:
+        recipe = with_feature_cap(recipe, args.max_feature_gib)
     if args.only_prompts_file and not args.prompts_file:
         raise ValueError("--only-prompts-file needs --prompts-file")
     opts = RunOptions(target=args.target, variant=args.variant, out=Path(args.out), recipe=recipe,

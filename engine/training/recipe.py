@@ -239,6 +239,15 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
     return recipe
 
 
+def with_feature_cap(recipe: Recipe, gib: float) -> Recipe:
+    """The recipe with every stage's feature cap set to `gib` per GPU (train-draft --max-feature-gib): the
+    recipe's caps are sized for the GPU its draft was made on, and a smaller one runs the same stages on fewer rows."""
+    if gib <= 0:
+        raise RecipeError(f"--max-feature-gib must be positive, not {gib}")
+    stages = tuple(replace(s, data={**s.data, "max_feature_gib": gib}) for s in recipe.stages)
+    return replace(recipe, data=replace(recipe.data, max_feature_gib=gib), stages=stages)
+
+
 def default_recipe(variant: str) -> Path:
     """The recipe used when --recipe is not given: resources/recipes/default-<variant>.toml."""
     return RECIPES_DIR / f"default-{variant.replace('_', '-')}.toml"
