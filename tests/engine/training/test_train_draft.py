@@ -256,6 +256,36 @@ def test_train_draft_trains_over_the_sub_vocabulary_it_ships(tiny_qwen3_hf: Path
         assert spec.generate(prompt, cfg, chat=True).token_ids == alone.generate(prompt, cfg, chat=True).token_ids
 
 
+def test_a_stage_trains_and_ships_the_sub_vocabulary_size_it_names(tiny_qwen3_hf: Path, tmp_path: Path, capsys,
+                                                                    monkeypatch, single_thread) -> None:
+    """`vocab_rows` in a stage's train settings overrides the default size (here forced to 128): the logits train
+    over that many rows and the draft's draft_vocabulary.json has as many, so what it learned is what it scores."""
+    from engine.models import draft_vocab
+
+    monkeypatch.setattr(draft_vocab, "DEFAULT_SIZE", 128)
+    recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"), steps=10)
+    recipe.write_text(recipe.read_text().replace("steps = 10\n", "steps = 10\nvocab_rows = 192\n", 1))
+    code, _, err = _run(capsys, "--target", str(tiny_qwen3_hf), "--variant", "dspark", "--out", str(tmp_path / "run"),
+                        "--recipe", str(recipe), "--device", "cpu", "--no-export")
+    assert code == 0, err
+    assert "logits over the draft's 192-token sub-vocabulary" in err
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert record["stages"][0]["logits_vocab"] == 192
+    assert json.loads((tmp_path / "run" / "checkpoint" / "draft_vocabulary.json").read_text())["size"] == 192
+
+
+def test_a_feature_cap_from_the_command_line_replaces_every_stages(tmp_path: Path) -> None:
+    from engine.training.recipe import RECIPES_DIR, RecipeError, load_recipe, with_feature_cap
+
+    recipe = load_recipe(RECIPES_DIR / "qwen2.5-coder-0.5b-dspark-b8.toml")
+    capped = with_feature_cap(recipe, 44.0)
+    assert {recipe.stage_data(s).max_feature_gib for s in recipe.stages} != {44.0}
+    assert {capped.stage_data(s).max_feature_gib for s in capped.stages} == {44.0}
+    assert [s.train for s in capped.stages] == [s.train for s in recipe.stages]
+    with pytest.raises(RecipeError, match="positive"):
+        with_feature_cap(recipe, 0)
+
+
 def _data_recipe(path: Path, seed: int) -> Path:
     path.write_text(f'''variant = "dspark"
 [data]
