@@ -413,6 +413,13 @@ class DraftPolicy:
     explore_hold: int = 3
     explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
     draft_quantile: float = 0.9
+    skip_spell: int = 32  # steps a first spell without draft calls lasts (draft_pays; 0: always draft)
+    skip_spell_max: int = 256
+    skip_probe: int = 2  # drafting steps after a spell that measure again
+    skipping: int = 0
+    probing: int = 0
+    skip_streak: int = 0  # spells in a row (each doubles the next)
+    skipped_steps: int = 0
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
     draft_steps: int = 0
     explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
@@ -496,6 +503,38 @@ class DraftPolicy:
         return (median(self.drafting) if self.drafting else draft_ms) + self.host_ms()
 
     # ---- the choice ---------------------------------------------------------------------------
+    def draft_pays(self, base_rows: int, tokens: float) -> bool:
+        """Whether a step of decodes only, whose adaptive windows all open now, should make its draft call at all.
+
+        `base_rows`: the rows the target runs for it without candidates, `tokens` what they give (one a request).
+        With the call, the best verified count m gives (tokens + gain_m) / (draft + host + target(base + m)), gain_m
+        from the regime's history of earlier steps' survivals; without, tokens / (host + target(base)) over a spell of
+        steps that pays two changes of row count. Where drafting loses (many requests, text the draft seldom gets
+        right) the spell runs as the target alone, then `skip_probe` steps draft again to measure; a spell chosen
+        again right after its probe lasts twice as long (up to `skip_spell_max`), so the probes' cost stays small.
+        It depends on earlier steps only, so output stays exact (a step without candidates is the target's own)."""
+        if self.skipping > 0:
+            self.skipping -= 1
+            return False
+        if self.probing > 0:
+            self.probing -= 1
+            return True
+        if not self.skip_spell or len(self.history) < REGIME_MIN_STEPS or not self.drafting or not self.target.seen:
+            return True
+        spell = min(self.skip_spell_max, self.skip_spell * 2 ** self.skip_streak)
+        host = self.host_ms()
+        without = spell * tokens / (spell * (host + self.target.estimate(base_rows)) + 2 * self.switch_cost)
+        draft = median(self.drafting) + host
+        best = max(((tokens + self._history_sum[m] / n) / (draft + self.target.estimate(base_rows + m + 1))
+                    for m, n in enumerate(self._history_n) if n > 0), default=0.0)
+        if without <= best:
+            self.skip_streak = 0
+            return True
+        self.skipping, self.probing = spell - 1, self.skip_probe
+        self.skip_streak += 1
+        self.skipped_steps += spell
+        return False
+
     def draft_cap(self) -> int | None:
         """The most candidates this step's adaptive windows draft (None: each its full count)."""
         if len(self.recent) < 16:

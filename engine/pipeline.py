@@ -469,9 +469,16 @@ class SpeculativePipeline:
 
     def _cap_candidates(self) -> None:
         """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
-        opening = [r for r in self._running[: self.scheduler.max_num_seqs]
-                   if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
+        live = self._running[: self.scheduler.max_num_seqs]
+        opening = [r for r in live if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
         cap = self.policy.draft_cap() if opening else None
+        if opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
+            # a step of decodes only whose every new window is the policy's: does its draft call pay at all?
+            base = sum(self._target_rows(1 if r.window is None else len(r.window) - r.window_pos) for r in live)
+            if base == 1 and getattr(self.target, "pad_matmul_rows", False):
+                base = 2  # a call of one row gets a dummy row (engine/models/paged_target.py)
+            if not self.policy.draft_pays(base, float(len(live))):
+                cap = 0
         for r in opening:
             r.cap = cap
 

@@ -296,3 +296,38 @@ def test_the_policy_is_a_setting_of_the_scheduler_and_of_each_request() -> None:
         SchedulerConfig(draft_policy="sometimes").validate()
     with pytest.raises(ValueError, match="draft_policy='all'"):
         GenerationConfig(draft_policy="all").validate()
+
+
+def _history(p: DraftPolicy, offers: list[Offer], steps: int = REGIME_MIN_STEPS + 4) -> None:
+    for _ in range(steps):
+        p.choose(offers, 0, 0.0, 3.0)
+
+
+def test_a_step_drafts_only_where_its_draft_call_pays_and_measures_again_after_a_spell() -> None:
+    """Eight requests on text the draft seldom gets right, a draft call dearer than the rows it saves: the step runs
+    as the target alone for a spell, then drafts `skip_probe` steps to measure, and a spell chosen again lasts twice
+    as long. With one request and a draft it gets right, every step drafts."""
+    many = _policy(lambda r: 16.0 + 1.5 * r)
+    many.drafting.extend([15.0] * 8)  # the draft stage of eight requests
+    _history(many, [Offer(i, [0.4, 0.3, 0.3], sampled=False) for i in range(8)])
+    decisions = [many.draft_pays(8, 8.0) for _ in range(many.skip_spell + many.skip_probe + 2 * many.skip_spell)]
+    assert decisions[: many.skip_spell] == [False] * many.skip_spell
+    assert decisions[many.skip_spell: many.skip_spell + many.skip_probe] == [True] * many.skip_probe
+    assert not any(decisions[many.skip_spell + many.skip_probe:])  # the next spell: twice the first
+    assert many.skipped_steps == 3 * many.skip_spell
+    one = _policy(lambda r: 16.0 + 1.5 * r)
+    one.drafting.extend([3.5] * 8)
+    _history(one, [Offer(0, [0.9] * 7, sampled=False)])
+    assert all(one.draft_pays(1, 1.0) for _ in range(100)) and one.skipped_steps == 0
+    never = _policy(lambda r: 16.0 + 1.5 * r)
+    never.skip_spell = 0  # the setting that always drafts
+    never.drafting.extend([15.0] * 8)
+    _history(never, [Offer(i, [0.4, 0.3, 0.3], sampled=False) for i in range(8)])
+    assert never.draft_pays(8, 8.0)
+
+
+def test_without_history_or_costs_a_step_drafts() -> None:
+    p = DraftPolicy()
+    assert p.draft_pays(8, 8.0)  # nothing measured yet
+    q = _policy(lambda r: 16.0 + 1.5 * r)
+    assert q.draft_pays(8, 8.0)  # costs, but no draft call measured nor windows seen

@@ -250,3 +250,24 @@ def test_unseeded_sampled_output_follows_the_target_distribution(dspark_trained,
     n = sum(pairs.values())
     assert n >= 300
     assert_fits(pairs, exact_joint(alone, prompt, cfg, first))
+
+
+@pytest.mark.parametrize("name", ["b8_trained", "dspark_trained"])
+def test_steps_that_skip_the_draft_call_keep_greedy_output_the_targets(request, alone, tiny_qwen3_target, name) -> None:
+    """A draft call dearer than what it saves (frozen: 50 ms against rows of 5 ms): after the regime's history fills,
+    steps of decodes only run without drafting for a spell, then draft again to measure. Every request still equals
+    the target alone, steps of both kinds ran, and the draft's context caught up after each spell."""
+    draft, k = _draft(request, name)
+    cfg = GREEDY.copy(markov_head_top_k=k, max_new_tokens=48)
+    ref = [alone.generate(p, cfg, chat=False).token_ids for p in PROMPTS]
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    pipe.policy = FrozenPolicy(lambda r: 5.0 * r)
+    pipe.policy.drafting.extend([50.0] * 8)
+    pipe.policy.skip_spell, pipe.policy.skip_probe = 3, 1
+    rids, events = _batch(pipe, [cfg] * len(PROMPTS), together=True)
+    assert [pipe.result(r).token_ids for r in rids] == ref
+    decodes = [e for r in rids for e in events[r] if e.step > 0]
+    assert pipe.policy.skipped_steps > 0
+    assert any(e.window_proposed == 0 and len(e.tokens) == 1 for e in decodes)  # the target alone's steps
+    skipped = [e.step for e in decodes if e.window_proposed == 0]
+    assert any(e.window_proposed > 0 and e.step > min(skipped) for e in decodes)  # drafting again after a spell
