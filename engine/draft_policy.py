@@ -79,6 +79,7 @@ SWITCH_HORIZON = 1  # steps over which a change of the target's row count must p
 REGIME_HORIZON = 4  # steps over which a change of the regime's verified count must pay back the change (a longer
 # horizon moved on noise in chat's survivals, and each move back costs a change: docs/benchmarks.md, issue 25)
 REGIME_MIN_STEPS = 8  # steps of history before the regime decides (the per-step choice until then)
+SKIP_MARGIN = 0.05  # a step skips its draft call only where the target alone's rate beats drafting's by this much
 
 
 def check_policy(name: object, field_name: str = "draft_policy") -> str:
@@ -519,7 +520,7 @@ class DraftPolicy:
         if self.probing > 0:
             self.probing -= 1
             return True
-        if not self.skip_spell or len(self.history) < REGIME_MIN_STEPS or not self.drafting or not self.target.seen:
+        if not self.skip_spell or len(self.history) < 2 * REGIME_MIN_STEPS or not self.drafting or not self.target.seen:
             return True
         spell = min(self.skip_spell_max, self.skip_spell * 2 ** self.skip_streak)
         host = self.host_ms()
@@ -527,7 +528,7 @@ class DraftPolicy:
         draft = median(self.drafting) + host
         best = max(((tokens + self._history_sum[m] / n) / (draft + self.target.estimate(base_rows + m + 1))
                     for m, n in enumerate(self._history_n) if n > 0), default=0.0)
-        if without <= best:
+        if without <= best * (1.0 + SKIP_MARGIN):
             self.skip_streak = 0
             return True
         self.skipping, self.probing = spell - 1, self.skip_probe

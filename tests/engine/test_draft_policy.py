@@ -298,7 +298,7 @@ def test_the_policy_is_a_setting_of_the_scheduler_and_of_each_request() -> None:
         GenerationConfig(draft_policy="all").validate()
 
 
-def _history(p: DraftPolicy, offers: list[Offer], steps: int = REGIME_MIN_STEPS + 4) -> None:
+def _history(p: DraftPolicy, offers: list[Offer], steps: int = 2 * REGIME_MIN_STEPS + 4) -> None:
     for _ in range(steps):
         p.choose(offers, 0, 0.0, 3.0)
 
