@@ -33,6 +33,11 @@ lately (a window it verified whole votes for one more), and every `explore_draft
 step drafts the requests' full count; drafting a candidate costs a row of the draft call for
 every request, and at many requests the policy verifies few.
 
+Whether to draft at all is chosen before the draft call too, for a step of decodes only whose every new window
+is the policy's (`draft_pays`): with many requests on text the draft seldom gets right the call costs more than
+the candidates it would verify give, and the step then runs as the target alone for a spell, with a few drafting
+steps between spells to measure again; the choice reads earlier steps only, so output stays exact.
+
 A sampled request with a fixed seed (`rng_seed`) must give the same text whatever runs beside it,
 and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
 the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
