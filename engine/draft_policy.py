@@ -426,6 +426,7 @@ class DraftPolicy:
     probing: int = 0
     skip_streak: int = 0  # spells in a row (each doubles the next)
     skipped_steps: int = 0
+    plain: dict[int, deque[float]] = field(default_factory=dict)  # target ms of steps of one-row decodes, by rows
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
     draft_steps: int = 0
     explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
@@ -448,10 +449,15 @@ class DraftPolicy:
     _history_n: list[int] = field(default_factory=list)  # per m: how many earlier steps drafted at least m
 
     # ---- what happened ------------------------------------------------------------------------
-    def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0) -> None:
+    def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0,
+                     plain: bool = False) -> None:
         """A step's target inference over `rows` rows (as the target runs them), its draft stage (0: it drafted
-        nothing), and what the step spent besides its inferences."""
+        nothing), and what the step spent besides its inferences. `plain`: a step of one-row decodes only (what a
+        step that skips its draft call runs), kept apart by rows: the cost table's price of as many rows comes from
+        windows of one request too, whose attention reads one context where these read one per request."""
         switched = self.last_rows not in (0, rows)
+        if plain and not switched:
+            self.plain.setdefault(rows, deque(maxlen=8)).append(target_ms)
         self.last_rows = rows
         (self.changed if switched else self.kept).setdefault(rows, deque(maxlen=16)).append(target_ms)
         if switched:
@@ -514,8 +520,9 @@ class DraftPolicy:
 
         `base_rows`: the rows the target runs for it without candidates, `tokens` what they give (one a request).
         With the call, the best verified count m gives (tokens + gain_m) / (draft + host + target(base + m)), gain_m
-        from the regime's history of earlier steps' survivals; without, tokens / (host + target(base)) over a spell of
-        steps that pays two changes of row count. Where drafting loses (many requests, text the draft seldom gets
+        from the regime's history of earlier steps' survivals; without, tokens / (host + plain(base)) over a spell of
+        steps that pays two changes of row count, plain(base) measured on such steps (until it is, the cost table's
+        price, and a spell of a quarter of the length that measures it). Where drafting loses (many requests, text the draft seldom gets
         right) the spell runs as the target alone, then `skip_probe` steps draft again to measure; a spell chosen
         again right after its probe lasts twice as long (up to `skip_spell_max`), so the probes' cost stays small.
         It depends on earlier steps only, so output stays exact (a step without candidates is the target's own)."""
@@ -527,9 +534,13 @@ class DraftPolicy:
             return True
         if not self.skip_spell or len(self.history) < 2 * REGIME_MIN_STEPS or not self.drafting or not self.target.seen:
             return True
-        spell = min(self.skip_spell_max, self.skip_spell * 2 ** self.skip_streak)
+        plain = self.plain.get(base_rows, ())
+        if len(plain) >= 3:
+            spell, plain_ms = min(self.skip_spell_max, self.skip_spell * 2 ** self.skip_streak), median(plain)
+        else:  # a step of decodes alone at this many rows not measured yet: a short spell measures it first
+            spell, plain_ms = max(2, self.skip_spell // 4), self.target.estimate(base_rows)
         host = self.host_ms()
-        without = spell * tokens / (spell * (host + self.target.estimate(base_rows)) + 2 * self.switch_cost)
+        without = spell * tokens / (spell * (host + plain_ms) + 2 * self.switch_cost)
         draft = median(self.drafting) + host
         best = max(((tokens + self._history_sum[m] / n) / (draft + self.target.estimate(base_rows + m + 1))
                     for m, n in enumerate(self._history_n) if n > 0), default=0.0)

@@ -459,7 +459,9 @@ class SpeculativePipeline:
                 events.append(self._finish(req, event) if event.finished else self._record(req, event))
         if self.policy is not None:
             host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
-            self.policy.observe_step(self.target.call_size(chunks), timings.target_ms, host_ms, timings.draft_step_ms)
+            plain = not drafted_now and all(r.decoding and rows == 1 for r, rows in plan)
+            self.policy.observe_step(self.target.call_size(chunks), timings.target_ms, host_ms, timings.draft_step_ms,
+                                     plain)
         return events
 
     def _target_rows(self, rows: int) -> int:

@@ -310,11 +310,23 @@ def test_a_step_drafts_only_where_its_draft_call_pays_and_measures_again_after_a
     many = _policy(lambda r: 16.0 + 1.5 * r)
     many.drafting.extend([15.0] * 8)  # the draft stage of eight requests
     _history(many, [Offer(i, [0.4, 0.3, 0.3], sampled=False) for i in range(8)])
+    trial = [many.draft_pays(8, 8.0) for _ in range(many.skip_spell // 4 + many.skip_probe)]
+    assert trial == [False] * (many.skip_spell // 4) + [True] * many.skip_probe  # steps of decodes alone unmeasured
+    for _ in range(4):  # what that short spell measured: eight one-row decodes cost 28 ms
+        many.observe_step(8, 28.0, 0.5, plain=True)
+    assert list(many.plain[8]) == [28.0] * 3  # the first came right after a change of row count
+    many.skip_streak, many.skipped_steps = 0, 0
     decisions = [many.draft_pays(8, 8.0) for _ in range(many.skip_spell + many.skip_probe + 2 * many.skip_spell)]
     assert decisions[: many.skip_spell] == [False] * many.skip_spell
     assert decisions[many.skip_spell: many.skip_spell + many.skip_probe] == [True] * many.skip_probe
     assert not any(decisions[many.skip_spell + many.skip_probe:])  # the next spell: twice the first
     assert many.skipped_steps == 3 * many.skip_spell
+    dear = _policy(lambda r: 16.0 + 1.5 * r)  # the cost table prices 8 rows cheap, but 8 one-row decodes are dear
+    dear.drafting.extend([15.0] * 8)
+    _history(dear, [Offer(i, [0.4, 0.3, 0.3], sampled=False) for i in range(8)])
+    for _ in range(4):
+        dear.observe_step(8, 80.0, 0.5, plain=True)
+    assert all(dear.draft_pays(8, 8.0) for _ in range(40)) and dear.skipped_steps == 0
     one = _policy(lambda r: 16.0 + 1.5 * r)
     one.drafting.extend([3.5] * 8)
     _history(one, [Offer(0, [0.9] * 7, sampled=False)])

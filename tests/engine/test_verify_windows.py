@@ -65,7 +65,7 @@ class FrozenPolicy(DraftPolicy):
     def choose(self, offers, fixed_rows, fixed_tokens, fixed_ms):
         return super().choose(offers, fixed_rows, fixed_tokens, self.fixed)
 
-    def observe_step(self, rows, target_ms, host_ms, draft_ms=0.0):
+    def observe_step(self, rows, target_ms, host_ms, draft_ms=0.0, plain=False):
         pass  # costs frozen: nor does a change of row count cost anything here
 
     def observe_window(self, sampled, verified, accepted, peak, predicted=None):
