@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from itertools import accumulate
 from collections import deque
 from dataclasses import dataclass, field, replace
 from statistics import median
@@ -427,6 +428,11 @@ class DraftPolicy:
     skip_streak: int = 0  # spells in a row (each doubles the next)
     skipped_steps: int = 0
     plain: dict[int, deque[float]] = field(default_factory=dict)  # target ms of steps of one-row decodes, by rows
+    # per window of earlier steps: its expected tokens by verified count (what a step that skips its draft call forgoes,
+    # per request: the regime's per-step sums change with how many requests shared a step)
+    windows: deque[list[float]] = field(default_factory=lambda: deque(maxlen=256))
+    _window_sum: list[float] = field(default_factory=list)
+    _window_n: list[int] = field(default_factory=list)
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
     draft_steps: int = 0
     explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
@@ -519,8 +525,9 @@ class DraftPolicy:
         """Whether a step of decodes only, whose adaptive windows all open now, should make its draft call at all.
 
         `base_rows`: the rows the target runs for it without candidates, `tokens` what they give (one a request).
-        With the call, the best verified count m gives (tokens + gain_m) / (draft + host + target(base + m)), gain_m
-        from the regime's history of earlier steps' survivals; without, tokens / (host + plain(base)) over a spell of
+        With the call, the best count k a window gives (tokens + n * gain_k) / (draft + host + target(base + n * k)) for
+        n windows, gain_k the mean over earlier windows of their first k survivals' sum (per window: the regime's
+        per-step sums change with how many requests shared a step); without, tokens / (host + plain(base)) over a spell of
         steps that pays two changes of row count, plain(base) measured on such steps (until it is, the cost table's
         price, and a spell of a quarter of the length that measures it). Where drafting loses (many requests, text the draft seldom gets
         right) the spell runs as the target alone, then `skip_probe` steps draft again to measure; a spell chosen
@@ -541,9 +548,10 @@ class DraftPolicy:
             spell, plain_ms = max(2, self.skip_spell // 4), self.target.estimate(base_rows)
         host = self.host_ms()
         without = spell * tokens / (spell * (host + plain_ms) + 2 * self.switch_cost)
-        draft = median(self.drafting) + host
-        best = max(((tokens + self._history_sum[m] / n) / (draft + self.target.estimate(base_rows + m + 1))
-                    for m, n in enumerate(self._history_n) if n > 0), default=0.0)
+        draft, windows = median(self.drafting) + host, int(tokens)
+        best = max(((tokens + windows * self._window_sum[k] / n)
+                    / (draft + self.target.estimate(base_rows + windows * (k + 1)))
+                    for k, n in enumerate(self._window_n) if n > 0), default=0.0)
         if without <= best * (1.0 + SKIP_MARGIN):
             self.skip_streak = 0
             return True
@@ -611,15 +619,15 @@ class DraftPolicy:
             self._account(self.history[0], -1)
         self.history.append(out)
         self._account(out, 1)
+        for o in offers:  # each window's own expected gain by verified count, whatever else shared its step
+            gains = list(accumulate(survivals(o.chances)))
+            if len(self.windows) == self.windows.maxlen:
+                _add(self._window_sum, self._window_n, self.windows[0], -1)
+            self.windows.append(gains)
+            _add(self._window_sum, self._window_n, gains, 1)
 
     def _account(self, sums: list[float], sign: int) -> None:
-        grow = len(sums) - len(self._history_n)
-        if grow > 0:
-            self._history_sum += [0.0] * grow
-            self._history_n += [0] * grow
-        for k, v in enumerate(sums):
-            self._history_sum[k] += sign * v
-            self._history_n[k] += sign
+        _add(self._history_sum, self._history_n, sums, sign)
 
     def regime_count(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> int | None:
         """How many candidates this step verifies under the regime (None: choose step by step: too little history,
@@ -646,6 +654,17 @@ class DraftPolicy:
         (tb, cb), (tk, ck) = rate[best], rate[keep]
         h = REGIME_HORIZON
         return best if h * tb / (h * cb + self.switch_cost) > tk / ck else keep
+
+
+def _add(total: list[float], count: list[int], sums: list[float], sign: int) -> None:
+    """Running sums per position: add (sign 1) or remove (-1) one entry's values."""
+    grow = len(sums) - len(count)
+    if grow > 0:
+        total += [0.0] * grow
+        count += [0] * grow
+    for k, v in enumerate(sums):
+        total[k] += sign * v
+        count[k] += sign
 
 
 def _survival_order(offers: list[Offer]) -> list[tuple[float, int, int]]:
