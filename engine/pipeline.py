@@ -474,8 +474,9 @@ class SpeculativePipeline:
         live = self._running[: self.scheduler.max_num_seqs]
         opening = [r for r in live if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
         cap = self.policy.draft_cap() if opening else None
-        if opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
-            # a step of decodes only whose every new window is the policy's: does its draft call pay at all?
+        if len(live) > 1 and opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
+            # a step of decodes only whose every new window is the policy's: does its draft call pay at all? (One
+            # request always drafts: it is what its user chose, and drafting paid at one request everywhere measured.)
             base = sum(self._target_rows(1 if r.window is None else len(r.window) - r.window_pos) for r in live)
             if base == 1 and getattr(self.target, "pad_matmul_rows", False):
                 base = 2  # a call of one row gets a dummy row (engine/models/paged_target.py)
