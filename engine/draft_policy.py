@@ -68,9 +68,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from itertools import accumulate
 from collections import deque
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from statistics import median
 
 from engine.metrics import PositionCounts
@@ -525,14 +525,15 @@ class DraftPolicy:
         """Whether a step of decodes only, whose adaptive windows all open now, should make its draft call at all.
 
         `base_rows`: the rows the target runs for it without candidates, `tokens` what they give (one a request).
-        With the call, the best count k a window gives (tokens + n * gain_k) / (draft + host + target(base + n * k)) for
-        n windows, gain_k the mean over earlier windows of their first k survivals' sum (per window: the regime's
-        per-step sums change with how many requests shared a step); without, tokens / (host + plain(base)) over a spell of
-        steps that pays two changes of row count, plain(base) measured on such steps (until it is, the cost table's
-        price, and a spell of a quarter of the length that measures it). Where drafting loses (many requests, text the draft seldom gets
-        right) the spell runs as the target alone, then `skip_probe` steps draft again to measure; a spell chosen
-        again right after its probe lasts twice as long (up to `skip_spell_max`), so the probes' cost stays small.
-        It depends on earlier steps only, so output stays exact (a step without candidates is the target's own)."""
+        With the call, the best count k a window verifies gives (tokens + n * gain_k) / (draft + host + target(base +
+        n * k)) for n windows, gain_k the mean over earlier windows of their first k survivals' sum (per window: the
+        regime's per-step sums change with how many requests shared a step). Without it, tokens / (host +
+        plain(base)) over a spell that pays two changes of row count; plain(base) is measured on such steps (until
+        it is, the cost table's price, and a spell a quarter as long measures it). Where drafting loses (several
+        requests, text the draft seldom gets right) the spell runs as the target alone, then `skip_probe` steps
+        draft again to measure; a spell chosen again right after its probe lasts twice as long (up to
+        `skip_spell_max`), so the probes' cost stays small. It reads earlier steps only, so output stays exact (a
+        step without candidates is the target's own)."""
         if self.skipping > 0:
             self.skipping -= 1
             return False
