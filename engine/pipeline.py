@@ -478,8 +478,6 @@ class SpeculativePipeline:
             # a step of decodes only whose every new window is the policy's: does its draft call pay at all? (One
             # request always drafts: it is what its user chose, and drafting paid at one request everywhere measured.)
             base = sum(self._target_rows(1 if r.window is None else len(r.window) - r.window_pos) for r in live)
-            if base == 1 and getattr(self.target, "pad_matmul_rows", False):
-                base = 2  # a call of one row gets a dummy row (engine/models/paged_target.py)
             if not self.policy.draft_pays(base, float(len(live))):
                 cap = 0
         for r in opening:
