@@ -2,38 +2,23 @@
 # Start `dflash-studio train-draft` in the background on a machine whose shell calls are time-limited,
 # then wait for it (docs/training.md, "On a remote GPU machine"):
 #   NGPU=2 sh engine/training/launch.sh start OUT --target G --variant dspark ...   # returns at once
-#   sh engine/training/launch.sh wait OUT 560      # follows OUT/console.log for up to 560 s; rc 0 when done
+#   sh engine/training/launch.sh wait OUT 560 [DEST [PER]]  # follows OUT/console.log for up to 560 s; rc 0 when
+#                                                  # done; with DEST, ends as `snapshot OUT DEST PER` does
 #   sh engine/training/launch.sh snapshot OUT DEST 4  # the newest weights of the running stage, 4 parts a call
+# A lease can end between two calls (a call that comes more than the machine's idle time after the last): give
+# every wait a DEST under the call's returned folder, so the newest checkpoint is already here when it does.
 # NGPU > 1 runs it under torchrun (data parallel); PYTHON picks the interpreter (default python3).
 set -u
 cmd=$1; out=$2; shift 2
 PY=${PYTHON:-python3}
-case $cmd in
-  start)
-    mkdir -p "$out"
-    if [ "${NGPU:-1}" -gt 1 ]; then
-      run="$PY -m torch.distributed.run --standalone --nproc_per_node=$NGPU -m engine.cli"
-    else
-      run="$PY -m engine.cli"
-    fi
-    rm -f "$out/console.rc"
-    setsid nohup sh -c "$run train-draft --out '$out' $*; echo \$? > '$out/console.rc'" \
-      > "$out/console.log" 2>&1 < /dev/null &
-    sleep 2; tail -n 20 "$out/console.log" ;;
-  wait)
-    end=$(( $(date +%s) + ${1:-560} ))
-    while [ ! -f "$out/console.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
-    tail -n 30 "$out/console.log"
-    [ -f "$out/console.rc" ] && exit "$(cat "$out/console.rc")"
-    echo "still running (log: $out/console.log)"; exit 75 ;;
-  snapshot)
+snapshot() {
     # The draft folder the running stage wrote at its last checkpoint (work/stage-N.latest), as a tar in
     # 15 MiB parts under OUT/snap/NAME with their sha256 sums; each call copies at most PER parts not yet
     # copied into DEST (a machine that returns a few files per call), so a lease that ends mid-stage keeps
     # the weights: join the parts of one NAME, check the sums, and pass the folder to --init.
     dest=$1; per=${2:-4}
     latest=$(ls -td "$out"/work/stage-*.latest 2>/dev/null | head -n 1)
-    if [ -z "$latest" ]; then echo "no snapshot yet in $out/work"; exit 1; fi
+    if [ -z "$latest" ]; then echo "no snapshot yet in $out/work"; return 1; fi
     step=$(sed 's/.*"step": *\([0-9]*\).*/\1/' "$latest/snapshot.json")
     name=$(basename "$latest" .latest)-step$step
     dir="$out/snap/$name"
@@ -51,6 +36,29 @@ case $cmd in
       cp "$f" "$dest/" && touch "$dir/sent.$(basename "$f")"; n=$((n + 1))
     done
     left=$(( $(ls "$dir/$name".tar.* | wc -l) - $(ls "$dir" | grep -c '^sent\.') ))
-    echo "snapshot $name: $n parts copied to $dest, $left left" ;;
+    echo "snapshot $name: $n parts copied to $dest, $left left"
+}
+
+case $cmd in
+  start)
+    mkdir -p "$out"
+    if [ "${NGPU:-1}" -gt 1 ]; then
+      run="$PY -m torch.distributed.run --standalone --nproc_per_node=$NGPU -m engine.cli"
+    else
+      run="$PY -m engine.cli"
+    fi
+    rm -f "$out/console.rc"
+    setsid nohup sh -c "$run train-draft --out '$out' $*; echo \$? > '$out/console.rc'" \
+      > "$out/console.log" 2>&1 < /dev/null &
+    sleep 2; tail -n 20 "$out/console.log" ;;
+  wait)
+    end=$(( $(date +%s) + ${1:-560} ))
+    while [ ! -f "$out/console.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    tail -n 30 "$out/console.log"
+    if [ $# -ge 2 ]; then snapshot "$2" "${3:-8}" || true; fi
+    [ -f "$out/console.rc" ] && exit "$(cat "$out/console.rc")"
+    echo "still running (log: $out/console.log)"; exit 75 ;;
+  snapshot)
+    snapshot "$@" ;;
   *) echo "usage: launch.sh start|wait|snapshot OUT ..." >&2; exit 2 ;;
 esac

@@ -505,3 +505,32 @@ data = { gen_batch = 4 }''', 1))
     assert "prompts: turns (magpie, sampled by the target)" in err
     assert (9, 4) in batches  # the sampled turns (max_new 9) at the stage's batch, not [data]'s 16
     assert all(b == 4 for _, b in batches), batches
+
+
+def test_a_wait_with_a_destination_hands_back_the_newest_checkpoint(tmp_path: Path) -> None:
+    """`launch.sh wait OUT S DEST` ends as `snapshot` does, so a lease lost before the next call has
+    already returned the weights; before the first checkpoint it still reports the run as running."""
+    import subprocess
+    import tarfile
+
+    launch = Path(__file__).resolve().parents[3] / "engine" / "training" / "launch.sh"
+    run = tmp_path / "run"
+    (run / "work").mkdir(parents=True)
+    (run / "console.log").write_text("step 300\n")
+    early = subprocess.run(["sh", str(launch), "wait", str(run), "0", str(tmp_path / "d0")], capture_output=True,
+                           text=True)
+    assert early.returncode == 75 and "no snapshot yet" in early.stdout and "still running" in early.stdout
+
+    latest = run / "work" / "stage-0.latest"
+    latest.mkdir()
+    (latest / "snapshot.json").write_text(json.dumps({"step": 300}))
+    (latest / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
+    (run / "console.rc").write_text("0\n")
+    done = subprocess.run(["sh", str(launch), "wait", str(run), "0", str(tmp_path / "d1")], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stage-0-step300: 1 parts copied" in done.stdout
+    parts = sorted((tmp_path / "d1").glob("*.tar.*"))
+    with tarfile.open(parts[0]) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    assert (tmp_path / "x" / "stage-0.latest" / "model.safetensors").read_bytes() == bytes(range(256)) * 4096
