@@ -405,6 +405,44 @@ def survivals(chances: list[float]) -> list[float]:
     return out
 
 
+class RunningSums:
+    """The last `size` entries (values by position, of any length) and, per position, the sum and count of the
+    entries that reach it, kept as the oldest entry drops out: the mean at a position without a pass over them."""
+
+    def __init__(self, size: int) -> None:
+        self.entries: deque[list[float]] = deque(maxlen=size)
+        self.total: list[float] = []
+        self.count: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def positions(self) -> int:
+        return len(self.count)
+
+    def push(self, values: list[float]) -> None:
+        if len(self.entries) == self.entries.maxlen:
+            self._add(self.entries[0], -1)
+        self.entries.append(values)
+        self._add(values, 1)
+
+    def mean(self, k: int) -> float | None:
+        """The mean at position k over the entries that reach it (None: none does)."""
+        if k >= len(self.count) or self.count[k] <= 0:
+            return None
+        return self.total[k] / self.count[k]
+
+    def _add(self, values: list[float], sign: int) -> None:
+        grow = len(values) - len(self.count)
+        if grow > 0:
+            self.total += [0.0] * grow
+            self.count += [0] * grow
+        for k, v in enumerate(values):
+            self.total[k] += sign * v
+            self.count[k] += sign
+
+
 @dataclass
 class DraftPolicy:
     """The adaptive policy's state, one per pipeline: the target's costs, the calibration of the draft's
@@ -430,9 +468,7 @@ class DraftPolicy:
     plain: dict[int, deque[float]] = field(default_factory=dict)  # target ms of steps of one-row decodes, by rows
     # per window of earlier steps: its expected tokens by verified count (what a step that skips its draft call forgoes,
     # per request: the regime's per-step sums change with how many requests shared a step)
-    windows: deque[list[float]] = field(default_factory=lambda: deque(maxlen=256))
-    _window_sum: list[float] = field(default_factory=list)
-    _window_n: list[int] = field(default_factory=list)
+    windows: RunningSums = field(default_factory=lambda: RunningSums(256))
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # verified lengths the policy chose
     draft_steps: int = 0
     explored: bool = False  # the last choice verified everything to measure costs (not a choice to learn from)
@@ -450,9 +486,7 @@ class DraftPolicy:
     changed: dict[int, deque[float]] = field(default_factory=dict)
     switch_cost: float = 0.0
     # the regime (module docstring): per earlier step, the running sums of its offers' survivals, largest first
-    history: deque[list[float]] = field(default_factory=lambda: deque(maxlen=64))
-    _history_sum: list[float] = field(default_factory=list)  # per m: the sum of the history's m-th entries
-    _history_n: list[int] = field(default_factory=list)  # per m: how many earlier steps drafted at least m
+    history: RunningSums = field(default_factory=lambda: RunningSums(64))
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0,
@@ -550,9 +584,9 @@ class DraftPolicy:
         host = self.host_ms()
         without = spell * tokens / (spell * (host + plain_ms) + 2 * self.switch_cost)
         draft, windows = median(self.drafting) + host, int(tokens)
-        best = max(((tokens + windows * self._window_sum[k] / n)
-                    / (draft + self.target.estimate(base_rows + windows * (k + 1)))
-                    for k, n in enumerate(self._window_n) if n > 0), default=0.0)
+        gains = [(k, self.windows.mean(k)) for k in range(self.windows.positions)]
+        best = max(((tokens + windows * g) / (draft + self.target.estimate(base_rows + windows * (k + 1)))
+                    for k, g in gains if g is not None), default=0.0)
         if without <= best * (1.0 + SKIP_MARGIN):
             self.skip_streak = 0
             return True
@@ -616,19 +650,9 @@ class DraftPolicy:
         for a, _, _ in _survival_order(offers):
             run += a
             out.append(run)
-        if len(self.history) == self.history.maxlen:
-            self._account(self.history[0], -1)
-        self.history.append(out)
-        self._account(out, 1)
+        self.history.push(out)
         for o in offers:  # each window's own expected gain by verified count, whatever else shared its step
-            gains = list(accumulate(survivals(o.chances)))
-            if len(self.windows) == self.windows.maxlen:
-                _add(self._window_sum, self._window_n, self.windows[0], -1)
-            self.windows.append(gains)
-            _add(self._window_sum, self._window_n, gains, 1)
-
-    def _account(self, sums: list[float], sign: int) -> None:
-        _add(self._history_sum, self._history_n, sums, sign)
+            self.windows.push(list(accumulate(survivals(o.chances))))
 
     def regime_count(self, offers: list[Offer], fixed_rows: int, fixed_tokens: float, fixed_ms: float) -> int | None:
         """How many candidates this step verifies under the regime (None: choose step by step: too little history,
@@ -644,9 +668,9 @@ class DraftPolicy:
         tokens0 = fixed_tokens + len(offers)
         rate: dict[int, tuple[float, float]] = {}
         for m in range(drafted + 1):
-            if m and (m > len(self._history_n) or self._history_n[m - 1] <= 0):
+            gain = self.history.mean(m - 1) if m else 0.0
+            if gain is None:
                 break  # no earlier step drafted this many: its worth is unknown
-            gain = self._history_sum[m - 1] / self._history_n[m - 1] if m else 0.0
             rate[m] = (tokens0 + gain, fixed_ms + self.target.estimate(base + m))
         best = max(rate, key=lambda m: (rate[m][0] / rate[m][1], -m))
         keep = self.last_rows - base
@@ -655,17 +679,6 @@ class DraftPolicy:
         (tb, cb), (tk, ck) = rate[best], rate[keep]
         h = REGIME_HORIZON
         return best if h * tb / (h * cb + self.switch_cost) > tk / ck else keep
-
-
-def _add(total: list[float], count: list[int], sums: list[float], sign: int) -> None:
-    """Running sums per position: add (sign 1) or remove (-1) one entry's values."""
-    grow = len(sums) - len(count)
-    if grow > 0:
-        total += [0.0] * grow
-        count += [0] * grow
-    for k, v in enumerate(sums):
-        total[k] += sign * v
-        count[k] += sign
 
 
 def _survival_order(offers: list[Offer]) -> list[tuple[float, int, int]]:

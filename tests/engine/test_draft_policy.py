@@ -196,8 +196,8 @@ def test_where_a_change_costs_more_than_a_row_the_count_is_a_regime_chosen_from_
     for _ in range(100):  # past the history's 64 steps: the running sums forget what the history dropped
         p.choose([Offer(0, [rng.random() for _ in range(rng.randint(1, 7))], sampled=False)], 0, 0.0, 3.0)
     for k in range(7):
-        seen = [h[k] for h in p.history if len(h) > k]
-        assert p._history_n[k] == len(seen) and p._history_sum[k] == pytest.approx(sum(seen))
+        seen = [h[k] for h in p.history.entries if len(h) > k]
+        assert p.history.count[k] == len(seen) and p.history.total[k] == pytest.approx(sum(seen))
     cheap = _policy(lambda r: 20.0 + 1.0 * r)
     cheap.switch_cost = 0.5  # a change cheaper than a row: step by step, as before
     for _ in range(REGIME_MIN_STEPS + 2):
