@@ -30,10 +30,13 @@ DRAFT_COLOR = "#2e9d4a"
 TARGET_COLOR = "#3b6fd8"
 MEAN_COLOR = "#d97706"
 PROPOSED_COLOR = "#9ca3af"
-TOKENS_TITLE = (f"Per step: <span style='color:{PROPOSED_COLOR}'>drafted</span> · "
+# short enough for the plot's default width (the x axis already says "target step")
+TOKENS_TITLE = (f"<span style='color:{PROPOSED_COLOR}'>drafted</span> · "
                 f"<span style='color:{TARGET_COLOR}'>verified</span> · "
-                f"<span style='color:{DRAFT_COLOR}'>accepted</span> "
-                f"(<span style='color:{MEAN_COLOR}'>tokens, mean of 16</span>)")
+                f"<span style='color:{DRAFT_COLOR}'>accepted</span> · "
+                f"<span style='color:{MEAN_COLOR}'>tokens</span>")
+TOKENS_TIP = ("Per target step: candidates drafted (grey), verified (blue) and accepted (green dots); "
+              "orange: tokens the step produced, the mean of the last 16 steps.")
 ACCEPT_TITLE = "Acceptance by block position"
 ACCEPT_CONF_TITLE = "Acceptance · <span style='color:#d97706'>draft confidence</span>"
 
@@ -104,6 +107,7 @@ class LivePlots(QWidget):
         lay.addLayout(row, 1)
 
         self.p_tokens = self._plot(TOKENS_TITLE, "target step", "candidates / tokens")
+        self.p_tokens.setToolTip(TOKENS_TIP)
         self.c_proposed = self.p_tokens.plot([], [], pen=pg.mkPen(PROPOSED_COLOR, width=1), name="drafted")
         self.c_verified = self.p_tokens.plot([], [], pen=pg.mkPen(TARGET_COLOR, width=1), name="verified")
         self.c_accepted = self.p_tokens.plot([], [], pen=None, symbol="o", symbolSize=3, symbolBrush=DRAFT_COLOR,
