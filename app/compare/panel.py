@@ -127,6 +127,9 @@ class ComparePanel(QWidget):
         controller.bench_finished.connect(self._on_finished)
         controller.bench_failed.connect(self._on_failed)
         model_panel.selection_changed.connect(self.refresh_session)
+        self._default_tick: str | None = None  # the draft ticked for the user (refresh_session)
+        self._follow, self._populating = True, False
+        self.draft_list.itemChanged.connect(self._ticked)
         self.refresh_session()
         self._update_buttons()
 
@@ -356,6 +359,14 @@ class ComparePanel(QWidget):
                                    "(chosen in the Session panel)")
         self.session_label.setToolTip(target)
         checked = set(self.checked_drafts()) | set(S.get_list(self.settings, S.K_COMPARE + "drafts"))
+        if self._follow and not self.settings.contains(S.K_COMPARE + "drafts"):
+            # until the user ticks a box or a run saves a choice, the tick follows the chat's draft, so a first
+            # Run compares it
+            checked.discard(self._default_tick or "")
+            self._default_tick = mp.draft_dir()
+            if self._default_tick:
+                checked.add(self._default_tick)
+        self._populating = True
         self.draft_list.clear()
         for path, reasons in mp.draft_choices():
             # The fit is said in words after the name: a "✓" beside an unticked box read as ticked.
@@ -373,7 +384,12 @@ class ComparePanel(QWidget):
             it = QListWidgetItem("No drafts listed: add one in the Session panel (Draft …).")
             it.setFlags(Qt.ItemFlag.NoItemFlags)
             self.draft_list.addItem(it)
+        self._populating = False
         self._update_buttons()
+
+    def _ticked(self, _item: QListWidgetItem) -> None:
+        if not self._populating:
+            self._follow = False  # the user's own choice from now on
 
     def checked_drafts(self) -> list[str]:
         out = []

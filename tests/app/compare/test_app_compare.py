@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
 from app.compare.charts import SLOW_COLOR
+from app import settings as S
 from app.compare.panel import COLUMNS, short_label
 from engine.bench.report import BenchResult, RequestRun, Row
 
@@ -205,3 +206,27 @@ def test_compare_real_engine_on_tiny_fixture(make_window, qtbot, tiny_qwen3_targ
                      "b8_trained (dflash_v1) n=7 (this engine)", "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
     assert all(r.matches_target == 1 for r in res.rows)
     assert p.table.rowCount() == 4 and "openvino" in p.summary.toolTip()
+
+
+
+def test_until_a_choice_is_made_the_chat_s_draft_is_ticked(make_window, model_dirs, qtbot, tmp_path):
+    other = tmp_path / "other-draft"
+    other.mkdir()
+    w = make_window(load=False, bench_machine=MACHINE)
+    mp, p = w.model_panel, w.compare
+    key = S.K_COMPARE + "drafts"
+    assert not p.settings.contains(key)
+    mp.set_target(str(model_dirs[0]))
+    mp.set_draft(str(model_dirs[1]))
+    assert p.checked_drafts() == [str(model_dirs[1])]  # a first Run compares the draft the chat uses
+    mp.set_draft(str(other))
+    assert p.checked_drafts() == [str(other)]  # the tick follows the chat's draft, not both
+    # A choice a run saved (here: no drafts) is kept: the tick no longer follows.
+    p.settings.setValue(key, [])
+    mp.set_draft(str(model_dirs[1]))
+    assert p.checked_drafts() == [str(other)]
+    # So is the user's own tick.
+    p.settings.remove(key)
+    p.set_drafts_checked([str(model_dirs[1]), str(other)])
+    mp.set_draft(str(other))
+    assert sorted(p.checked_drafts()) == sorted([str(model_dirs[1]), str(other)])
