@@ -4,7 +4,9 @@ Answers are the target's own greedy continuations (spec §1.6): generated in bat
 length, left padded, by the static-cache generator (engine/training/fast_generate.py) or HF
 `generate`, and kept in an answers cache (JSONL.gz rows {id, kind, ids, answer}) so that a resumed
 or later run never answers a prompt twice. Features are one causal forward per batch of
-right-padded prompt+answer sequences, the tapped layers' outputs concatenated (bf16 on a GPU).
+right-padded prompt+answer sequences, the tapped layers' outputs concatenated (bf16 on a GPU),
+either stored for every row once (what fits the feature cap) or computed again for each batch
+("online": no cap, every answered row trains, at the price of a target forward per step).
 """
 from __future__ import annotations
 
@@ -25,14 +27,19 @@ Log = Callable[[str], None]
 
 @dataclass
 class FlatData:
-    """Sequences (prompt + the target's answer) concatenated: row i is tokens[offsets[i]:offsets[i+1]]."""
+    """Sequences (prompt + the target's answer) concatenated: row i is tokens[offsets[i]:offsets[i+1]].
+
+    `features` holds every token's tapped hidden states, or is None when `tap` computes them per
+    batch (online features: the stored ones bound a stage to the rows that fit in memory)."""
 
     tokens: torch.Tensor  # [T] int64
-    features: torch.Tensor  # [T, n*H] (bf16 on GPU, f32 on CPU)
+    features: torch.Tensor | None  # [T, n*H] (bf16 on GPU, f32 on CPU); None: computed by `tap`
     offsets: torch.Tensor  # [N+1] int64
     prompt_lens: torch.Tensor  # [N] int64
     gen_lens: torch.Tensor  # [N] int64: answer tokens, EOS included when the target stopped
     kinds: list[str]
+    tap: Callable[[torch.Tensor], torch.Tensor] | None = None  # right-padded tokens [b, L] -> [b, L, n*H]
+    tap_tokens: int = 131072  # online: rows per target forward so that rows x width stays within this
 
     @property
     def n(self) -> int:
@@ -48,8 +55,26 @@ class FlatData:
         valid = pos[None, :] < lens[:, None]
         gidx = (self.offsets.to(dev)[idx][:, None] + pos[None, :]).clamp(max=self.tokens.shape[0] - 1)
         toks = torch.where(valid, self.tokens[gidx], torch.zeros((), dtype=torch.long, device=dev))
-        feats = self.features[gidx] * valid[..., None].to(self.features.dtype)
-        return toks, feats
+        if self.features is not None:
+            feats = self.features[gidx]
+        else:
+            per = max(1, self.tap_tokens // width)
+            feats = torch.cat([self.tap(toks[i: i + per]) for i in range(0, toks.shape[0], per)])
+        return toks, feats * valid[..., None].to(feats.dtype)
+
+
+def target_tap(target: Any, layer_ids: Sequence[int],
+               feat_dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The features of a right-padded batch, computed as build_flat_data computes stored ones (one
+    causal forward in the target's own precision, outside any autocast of the draft's step)."""
+
+    @torch.no_grad()
+    def tap(toks: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(toks.device.type, enabled=False):
+            out = target(input_ids=toks, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        return tapped_hidden(out.hidden_states, layer_ids).to(feat_dtype)
+
+    return tap
 
 
 @torch.no_grad()
@@ -112,10 +137,13 @@ def build_flat_data(
     feat_dtype: torch.dtype = torch.float32,
     log: Log = print,
     check_positions: int = 100_000,
+    online: bool = False,
 ) -> tuple[FlatData, dict[str, Any]]:
     """Record the target's tapped hidden states for prompt+answer sequences (one causal forward per
     batch, right padding: valid rows never see the padding). Also checks that the target's argmax
-    at each answer position reproduces the answer (teacher forcing vs generation agreement)."""
+    at each answer position reproduces the answer (teacher forcing vs generation agreement).
+    `online`: store nothing (the data computes each batch's features when asked) and run the
+    forwards only until the agreement check has its positions."""
     dev = next(target.parameters()).device
     seqs = [list(p) + list(a) for p, a in zip(prompts, answers)]
     lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
@@ -124,9 +152,10 @@ def build_flat_data(
     total = int(offsets[-1])
     n_h = len(layer_ids) * target.config.hidden_size
     tokens = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
-    features = torch.empty(total, n_h, dtype=feat_dtype, device=dev)
+    features = None if online else torch.empty(total, n_h, dtype=feat_dtype, device=dev)
     _, lm_head = target_weights(target)
-    order = sorted(range(len(seqs)), key=lambda i: lens[i])
+    order = sorted(range(len(seqs)) if not online else _check_sample(prompts, answers, check_positions),
+                   key=lambda i: lens[i])
     agree = checked = 0
     i = 0
     t0 = time.time()
@@ -146,7 +175,8 @@ def build_flat_data(
         last = out.hidden_states[-1]  # post-final-norm: logits = last @ lm_head.T
         for r, k in enumerate(chunk):
             n_k = int(lens[k])
-            features[offsets[k] : offsets[k] + n_k] = f[r, :n_k].to(feat_dtype)
+            if features is not None:
+                features[offsets[k] : offsets[k] + n_k] = f[r, :n_k].to(feat_dtype)
             p_k = len(prompts[k])
             if n_k > p_k and checked < check_positions:  # positions p_k-1 .. n_k-2 predict answer tokens p_k .. n_k-1
                 pred = (last[r, p_k - 1 : n_k - 1] @ lm_head.T).argmax(-1)
@@ -154,14 +184,29 @@ def build_flat_data(
                 checked += n_k - p_k
         del out, f, last
         i = j
-    stats = {"sequences": len(seqs), "tokens": total, "feature_gib": total * n_h * features.element_size() / 2**30,
-             "teacher_forced_agreement": agree / max(1, checked), "seconds": round(time.time() - t0, 1)}
-    log(f"features: {total} tokens x {n_h} ({stats['feature_gib']:.2f} GiB {feat_dtype}), "
-        f"teacher-forced argmax = generated token on {100 * stats['teacher_forced_agreement']:.2f}% "
-        f"of answer positions, {stats['seconds']}s")
+    stored_gib = 0.0 if features is None else total * n_h * features.element_size() / 2**30
+    stats = {"sequences": len(seqs), "tokens": total, "feature_gib": stored_gib, "online": online,
+             "checked_positions": checked, "teacher_forced_agreement": agree / max(1, checked),
+             "seconds": round(time.time() - t0, 1)}
+    where = "computed per batch (online)" if online else f"{stored_gib:.2f} GiB {feat_dtype}"
+    log(f"features: {total} tokens x {n_h} ({where}), teacher-forced argmax = generated token on "
+        f"{100 * stats['teacher_forced_agreement']:.2f}% of {checked} answer positions, {stats['seconds']}s")
     data = FlatData(tokens, features, offsets.to(dev), torch.tensor([len(p) for p in prompts]).to(dev),
-                    torch.tensor([len(a) for a in answers]).to(dev), list(kinds))
+                    torch.tensor([len(a) for a in answers]).to(dev), list(kinds),
+                    tap=target_tap(target, layer_ids, feat_dtype) if online else None, tap_tokens=token_budget)
     return data, stats
+
+
+def _check_sample(prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], positions: int) -> list[int]:
+    """Rows in a seeded random order until their answers hold `positions` tokens: what the agreement
+    check reads when no features are stored (the shortest rows first would not be a fair sample)."""
+    keep, n = [], 0
+    for i in _shuffled(len(prompts), 0):
+        if n >= positions:
+            break
+        keep.append(i)
+        n += len(answers[i])
+    return keep
 
 
 def _shuffled(n: int, seed: int) -> list[int]:

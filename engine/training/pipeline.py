@@ -153,7 +153,8 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     ranks = ddp.world_from_env().size
     token_bytes = feature_token_bytes(plan, info, dev)
     row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
-    caps = [r.stage_data(s).max_feature_gib for s in plan.stages]
+    caps = [r.stage_data(s).max_feature_gib if r.stage_data(s).features == "stored" else 0.0 for s in plan.stages]
+    stored = [s for s in plan.stages if r.stage_data(s).features == "stored"]
     cap_gib = 0.0 if not all(caps) else max(caps)  # the largest stage's; 0: every row
     cap_rows = cap_gib * ranks * 2**30 / row_bytes if cap_gib else float("inf")
     answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full
@@ -166,7 +167,7 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     sampled = {n for st in plan.stages for n in st.sources if source(opts, n).sampled}
     answer_tokens += sum(source(opts, n).count * source(opts, n).max_new * 0.6 for n in sampled)
     gen_s = answer_tokens / (GPU_GEN_TOKENS_S * fast * scale) / ranks
-    feat_gib = rows * (r.data.new_tokens + 100) * token_bytes / 2**30
+    feat_gib = rows * (r.data.new_tokens + 100) * token_bytes / 2**30 if stored else 0.0
     if cap_gib:
         feat_gib = min(feat_gib, cap_gib)
     target_gib = info.num_params * 4 / 2**30
@@ -345,7 +346,8 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         held, train_rows = stage_rows(opts, si, by_source)
         # ---- answers (each rank its share of the rows not answered yet), until the features are full
         per_token = feature_token_bytes(plan, info, dev.type)
-        gib = sdata.max_feature_gib * world.size
+        online = sdata.features == "online"
+        gib = 0.0 if online else sdata.max_feature_gib * world.size  # online: no cap, every row is answered
         order = answering_order(held, train_rows, r.data.seed)
         chunk = ANSWER_CHUNK_BATCHES * sdata.gen_batch * world.size  # saved after each: a kill loses one chunk
         asked = 0
@@ -381,7 +383,8 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         rows = held + mine
         feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32  # as feature_token_bytes counts them
         data, fstats = build_flat_data(target, [x.ids for x in rows], [answers[x.id] for x in rows],
-                                       [x.kind for x in rows], plan.shape.taps, r.data.feature_tokens, feat_dtype, log)
+                                       [x.kind for x in rows], plan.shape.taps, r.data.feature_tokens, feat_dtype, log,
+                                       online=online)
         embed, lm_head = (t.to(dev) for t in target_weights(target))
         # ---- the draft's starting weights
         draft, cfg, init_note, loaded = stage_draft(opts, plan, stage, si, prev_dir, target.config.to_dict(), log)

@@ -24,7 +24,8 @@ SAMPLED_SOURCES = ("magpie", "primed")
 SOURCE_TYPES = OFFLINE_SOURCES + SAMPLED_SOURCES
 # [data] keys a stage may set for itself; the others (seed, held-out rows, prompt length) define the rows
 # every stage shares, so changing them in one stage would change the held-out set its τ is measured on.
-STAGE_DATA_KEYS = ("max_feature_gib", "gen_batch")
+STAGE_DATA_KEYS = ("max_feature_gib", "gen_batch", "features")
+FEATURE_MODES = ("stored", "online")
 
 
 class RecipeError(ValueError):
@@ -62,8 +63,9 @@ class DataSettings:
     new_tokens: int = 256
     gen_batch: int = 512
     gen_dtype: str = "bfloat16"  # of the static generator on a GPU (float32 on CPU)
-    max_feature_gib: float = 0.0  # per rank; 0: all rows
+    max_feature_gib: float = 0.0  # per rank; 0: all rows (stored features only)
     feature_tokens: int = 131072
+    features: str = "stored"  # stored: once per row, within max_feature_gib | online: per batch, every row
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,10 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
         loss=_fill(LossWeights, raw.get("loss") or {}, f"{path}: [loss]"),
         eval=_fill(EvalSettings, raw.get("eval") or {}, f"{path}: [eval]"),
         description=str(raw.get("description") or ""), raw=raw)
+    for st in recipe.stages:
+        if recipe.stage_data(st).features not in FEATURE_MODES:
+            raise RecipeError(f"{path}: stage {st.name!r}: features must be one of {', '.join(FEATURE_MODES)}, "
+                              f"got {recipe.stage_data(st).features!r}")
     d = recipe.draft
     if d.block_size < 2:
         raise RecipeError(f"{path}: [draft] block_size must be at least 2, got {d.block_size}")

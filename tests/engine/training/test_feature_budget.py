@@ -54,3 +54,57 @@ def test_answering_stops_at_a_uniform_sample_once_the_features_are_full() -> Non
     share_old = sum(r.kind == "old" for r in order[5:answered]) / (answered - 5)
     assert 0.35 < share_old < 0.65
     assert not features_full(order, {}, gib, 1) and not features_full(order, answers, 0, 1)
+
+
+def test_online_features_are_the_stored_ones_computed_per_batch(tiny_qwen2_hf) -> None:
+    """A stage with `features = "online"` trains on what a stored stage would hold, without the cap."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.training.data import build_flat_data
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_hf, torch_dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(5)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(20, vocab, (int(n),), generator=g).tolist() for n in (3, 17, 9, 30, 5, 12, 21, 8)]
+    answers = [torch.randint(20, vocab, (int(n),), generator=g).tolist() for n in (6, 2, 14, 9, 20, 1, 11, 4)]
+    kinds = ["a", "b"] * 4
+    quiet = lambda *_: None  # noqa: E731
+    stored, s_stats = build_flat_data(model, prompts, answers, kinds, [0, 1], 64, log=quiet)
+    online, o_stats = build_flat_data(model, prompts, answers, kinds, [0, 1], 64, log=quiet, online=True)
+    assert online.features is None and o_stats["feature_gib"] == 0 and s_stats["feature_gib"] > 0
+    assert o_stats["teacher_forced_agreement"] == s_stats["teacher_forced_agreement"]  # every row checked here
+    for idx in (torch.tensor([3, 0, 6]), torch.arange(8)):  # 64 tokens a forward: the 8 rows take several
+        t_s, f_s = stored.rows(idx)
+        t_o, f_o = online.rows(idx)
+        assert torch.equal(t_s, t_o)
+        assert f_o.shape == f_s.shape and torch.allclose(f_o, f_s, rtol=1e-4, atol=1e-4)
+        lens = torch.tensor([len(prompts[i]) + len(answers[i]) for i in idx.tolist()])
+        assert not f_o[torch.arange(f_o.shape[1])[None, :] >= lens[:, None]].any()  # padding stays zero
+    _, few = build_flat_data(model, prompts, answers, kinds, [0, 1], 64, log=quiet, online=True, check_positions=10)
+    assert 10 <= few["checked_positions"] < s_stats["checked_positions"] == sum(map(len, answers))
+
+
+def test_a_stage_may_ask_for_online_features_and_nothing_else(tmp_path) -> None:
+    import pytest
+
+    from engine.training.recipe import RecipeError, load_recipe
+
+    base = '''name = "t"
+variant = "dspark"
+[[sources]]
+name = "c"
+type = "composed_chat"
+count = 8
+[[stages]]
+name = "s"
+sources = ["c"]
+'''
+    ok = tmp_path / "ok.toml"
+    ok.write_text(base + 'data = { features = "online" }\n', encoding="utf-8")
+    r = load_recipe(ok)
+    assert r.stage_data(r.stages[0]).features == "online" and r.data.features == "stored"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + 'data = { features = "disk" }\n', encoding="utf-8")
+    with pytest.raises(RecipeError, match="features must be one of stored, online"):
+        load_recipe(bad)

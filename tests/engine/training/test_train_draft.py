@@ -28,7 +28,7 @@ def _prompts_file(path: Path) -> Path:
     return path
 
 
-def _recipe(path: Path, variant: str, prompts: Path, steps: int = 60, **draft: object) -> Path:
+def _recipe(path: Path, variant: str, prompts: Path, steps: int = 60, data: str = "", **draft: object) -> Path:
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in draft.items())
     block = 6 if variant != "dflash_v1" else 5
     path.write_text(f'''name = "tiny"
@@ -48,6 +48,7 @@ heldout = 4
 new_tokens = 40
 max_prompt_tokens = 200
 gen_batch = 16
+{data}
 [train]
 steps = {steps}
 batch_size = 8
@@ -99,7 +100,9 @@ def test_train_draft_end_to_end(variant: str, tmp_path: Path, capsys, request, s
     kind = VARIANT_TARGET[variant]
     hf = request.getfixturevalue(f"tiny_{kind}_hf")
     ir = request.getfixturevalue(f"tiny_{kind}_target")
-    recipe = _recipe(tmp_path / "r.toml", variant, _prompts_file(tmp_path / "p.jsonl"))
+    online = variant == "dflash_v2"  # features computed per batch; the other two store them
+    recipe = _recipe(tmp_path / "r.toml", variant, _prompts_file(tmp_path / "p.jsonl"),
+                     data='features = "online"' if online else "")
     code, out, err = _run(capsys, "--target", str(hf), "--variant", variant, "--out", str(tmp_path / "run"),
                           "--recipe", str(recipe), "--device", "cpu")
     assert code == 0, err
@@ -112,6 +115,7 @@ def test_train_draft_end_to_end(variant: str, tmp_path: Path, capsys, request, s
     assert record["heldout_tau"] and all(t >= 1.0 for t in record["heldout_tau"].values())
     assert record["stages"][0]["heldout_during"], "held-out τ is logged during training"
     assert record["stages"][0]["data"]["train_rows"] > 0
+    assert record["stages"][0]["data"]["online"] is online and (record["stages"][0]["data"]["feature_gib"] == 0) is online
     assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
     # the output loads in the engine and keeps greedy output the target's own (f32)
     alone = SpeculativePipeline.load(ir, None, precision="f32")
