@@ -63,14 +63,16 @@ class FlatData:
         return toks, feats * valid[..., None].to(feats.dtype)
 
 
-def target_tap(target: Any, layer_ids: Sequence[int],
-               feat_dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The features of a right-padded batch, computed as build_flat_data computes stored ones (one
-    causal forward in the target's own precision, outside any autocast of the draft's step)."""
+def target_tap(target: Any, layer_ids: Sequence[int], feat_dtype: torch.dtype,
+               compute_dtype: torch.dtype | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The features of a right-padded batch: one causal forward, outside any autocast of the draft's
+    step; in the target's own precision (what build_flat_data stores), or under autocast to
+    `compute_dtype` (bf16 on a GPU: the forward runs every step, and f32 costs several times more;
+    docs/training.md has the times)."""
 
     @torch.no_grad()
     def tap(toks: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(toks.device.type, enabled=False):
+        with torch.autocast(toks.device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
             out = target(input_ids=toks, output_hidden_states=True, use_cache=False, logits_to_keep=1)
         return tapped_hidden(out.hidden_states, layer_ids).to(feat_dtype)
 
@@ -138,12 +140,13 @@ def build_flat_data(
     log: Log = print,
     check_positions: int = 100_000,
     online: bool = False,
+    online_dtype: torch.dtype | None = None,
 ) -> tuple[FlatData, dict[str, Any]]:
     """Record the target's tapped hidden states for prompt+answer sequences (one causal forward per
     batch, right padding: valid rows never see the padding). Also checks that the target's argmax
     at each answer position reproduces the answer (teacher forcing vs generation agreement).
-    `online`: store nothing (the data computes each batch's features when asked) and run the
-    forwards only until the agreement check has its positions."""
+    `online`: store nothing (the data computes each batch's features when asked, under autocast to
+    `online_dtype` if given) and run the forwards only until the agreement check has its positions."""
     dev = next(target.parameters()).device
     seqs = [list(p) + list(a) for p, a in zip(prompts, answers)]
     lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
@@ -193,7 +196,7 @@ def build_flat_data(
         f"{100 * stats['teacher_forced_agreement']:.2f}% of {checked} answer positions, {stats['seconds']}s")
     data = FlatData(tokens, features, offsets.to(dev), torch.tensor([len(p) for p in prompts]).to(dev),
                     torch.tensor([len(a) for a in answers]).to(dev), list(kinds),
-                    tap=target_tap(target, layer_ids, feat_dtype) if online else None, tap_tokens=token_budget)
+                    tap=target_tap(target, layer_ids, feat_dtype, online_dtype) if online else None, tap_tokens=token_budget)
     return data, stats
 
 

@@ -384,7 +384,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         feat_dtype = torch.bfloat16 if dev.type != "cpu" else torch.float32  # as feature_token_bytes counts them
         data, fstats = build_flat_data(target, [x.ids for x in rows], [answers[x.id] for x in rows],
                                        [x.kind for x in rows], plan.shape.taps, r.data.feature_tokens, feat_dtype, log,
-                                       online=online)
+                                       online=online, online_dtype=gen_dtype if gen_dtype != torch.float32 else None)
         embed, lm_head = (t.to(dev) for t in target_weights(target))
         # ---- the draft's starting weights
         draft, cfg, init_note, loaded = stage_draft(opts, plan, stage, si, prev_dir, target.config.to_dict(), log)

@@ -81,6 +81,12 @@ def test_online_features_are_the_stored_ones_computed_per_batch(tiny_qwen2_hf) -
         assert f_o.shape == f_s.shape and torch.allclose(f_o, f_s, rtol=1e-4, atol=1e-4)
         lens = torch.tensor([len(prompts[i]) + len(answers[i]) for i in idx.tolist()])
         assert not f_o[torch.arange(f_o.shape[1])[None, :] >= lens[:, None]].any()  # padding stays zero
+    half, _ = build_flat_data(model, prompts, answers, kinds, [0, 1], 64, log=quiet, online=True,
+                              online_dtype=torch.bfloat16)  # a GPU stage's: the target's forward under bf16 autocast
+    _, f_s = stored.rows(torch.arange(8))
+    _, f_h = half.rows(torch.arange(8))
+    err = ((f_h - f_s).norm() / f_s.norm()).item()
+    assert 0 < err < 0.05, err
     _, few = build_flat_data(model, prompts, answers, kinds, [0, 1], 64, log=quiet, online=True, check_positions=10)
     assert 10 <= few["checked_positions"] < s_stats["checked_positions"] == sum(map(len, answers))
 
