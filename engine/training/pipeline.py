@@ -153,8 +153,8 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     ranks = ddp.world_from_env().size
     token_bytes = feature_token_bytes(plan, info, dev)
     row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
-    caps = [r.stage_data(s).max_feature_gib if r.stage_data(s).features == "stored" else 0.0 for s in plan.stages]
-    stored = [s for s in plan.stages if r.stage_data(s).features == "stored"]
+    stored = [d for d in (r.stage_data(s) for s in plan.stages) if d.features == "stored"]
+    caps = [d.max_feature_gib for d in stored] + [0.0] * (len(plan.stages) - len(stored))  # online: no cap
     cap_gib = 0.0 if not all(caps) else max(caps)  # the largest stage's; 0: every row
     cap_rows = cap_gib * ranks * 2**30 / row_bytes if cap_gib else float("inf")
     answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full

@@ -9,8 +9,8 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
-from app.compare.charts import SLOW_COLOR
 from app import settings as S
+from app.compare.charts import SLOW_COLOR
 from app.compare.panel import COLUMNS, short_label
 from engine.bench.report import BenchResult, RequestRun, Row
 
@@ -206,7 +206,6 @@ def test_compare_real_engine_on_tiny_fixture(make_window, qtbot, tiny_qwen3_targ
                      "b8_trained (dflash_v1) n=7 (this engine)", "b8_trained (dflash_v1) n=7 (openvino_genai DFlash)"]
     assert all(r.matches_target == 1 for r in res.rows)
     assert p.table.rowCount() == 4 and "openvino" in p.summary.toolTip()
-
 
 
 def test_until_a_choice_is_made_the_chat_s_draft_is_ticked(make_window, model_dirs, qtbot, tmp_path):
