@@ -29,6 +29,12 @@ snapshot() {
       mv "$dir.tmp" "$dir"
     fi
     mkdir -p "$dest"; cp "$dir/$name.sha256" "$dest/"
+    # A finished run's small files first: the whole record (OUT/training.json) and the sub-vocabulary that
+    # `finish` counted from the run's answers are not in the snapshot, and the answers stay on the machine.
+    if [ -f "$out/console.rc" ] && [ -d "$out/checkpoint" ]; then
+      [ -f "$out/training.json" ] && cp "$out/training.json" "$dest/record.training.json"
+      [ -f "$out/checkpoint/draft_vocabulary.json" ] && cp "$out/checkpoint/draft_vocabulary.json" "$dest/"
+    fi
     n=0
     for f in "$dir/$name".tar.*; do
       [ -e "$dir/sent.$(basename "$f")" ] && continue

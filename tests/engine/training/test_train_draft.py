@@ -538,3 +538,15 @@ def test_a_wait_with_a_destination_hands_back_the_newest_checkpoint(tmp_path: Pa
     with tarfile.open(parts[0]) as tar:
         tar.extractall(tmp_path / "x", filter="data")
     assert (tmp_path / "x" / "stage-0.latest" / "model.safetensors").read_bytes() == bytes(range(256)) * 4096
+    assert not (tmp_path / "d1" / "record.training.json").exists()  # no checkpoint folder: the run did not finish
+
+    # A finished run: its whole record and the sub-vocabulary counted from its answers come back too
+    # (neither is in the snapshot, and the answers stay on the machine).
+    (run / "checkpoint").mkdir()
+    (run / "checkpoint" / "draft_vocabulary.json").write_text('{"size": 4}')
+    (run / "training.json").write_text('{"stages": []}')
+    again = subprocess.run(["sh", str(launch), "wait", str(run), "0", str(tmp_path / "d2")], capture_output=True,
+                           text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (tmp_path / "d2" / "record.training.json").read_text() == '{"stages": []}'
+    assert (tmp_path / "d2" / "draft_vocabulary.json").read_text() == '{"size": 4}'
