@@ -153,8 +153,9 @@ def estimate(opts: RunOptions, plan: Plan) -> dict[str, Any]:
     ranks = ddp.world_from_env().size
     token_bytes = feature_token_bytes(plan, info, dev)
     row_bytes = (r.data.new_tokens * 0.8 + 100) * token_bytes
-    stored = [d for d in (r.stage_data(s) for s in plan.stages) if d.features == "stored"]
-    caps = [d.max_feature_gib for d in stored] + [0.0] * (len(plan.stages) - len(stored))  # online: no cap
+    datas = [r.stage_data(s) for s in plan.stages]
+    stored = any(d.features == "stored" for d in datas)
+    caps = [d.max_feature_gib if d.features == "stored" else 0.0 for d in datas]  # online: no cap
     cap_gib = 0.0 if not all(caps) else max(caps)  # the largest stage's; 0: every row
     cap_rows = cap_gib * ranks * 2**30 / row_bytes if cap_gib else float("inf")
     answer_tokens = sum(min(c, cap_rows) for c in plan.counts.values()) * r.data.new_tokens * 0.8  # answered until full

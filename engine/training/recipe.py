@@ -232,9 +232,10 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
         eval=_fill(EvalSettings, raw.get("eval") or {}, f"{path}: [eval]"),
         description=str(raw.get("description") or ""), raw=raw)
     for st in recipe.stages:
-        if recipe.stage_data(st).features not in FEATURE_MODES:
+        mode = recipe.stage_data(st).features
+        if mode not in FEATURE_MODES:
             raise RecipeError(f"{path}: stage {st.name!r}: features must be one of {', '.join(FEATURE_MODES)}, "
-                              f"got {recipe.stage_data(st).features!r}")
+                              f"got {mode!r}")
     d = recipe.draft
     if d.block_size < 2:
         raise RecipeError(f"{path}: [draft] block_size must be at least 2, got {d.block_size}")
