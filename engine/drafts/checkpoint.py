@@ -18,10 +18,41 @@ from engine.drafts.dflash_v1 import read_config
 from engine.errors import ModelFolderError
 
 OPTIONAL_COPIES = ("embed_tokens.weight", "lm_head.weight")
+INT8_STORAGE = "int8"  # config.json "weight_storage": wide 2-D weights as int8 rows, a float32 scale per row
+SCALE_SUFFIX = "_scale"
+INT8_MIN_COLUMNS = 256  # narrower rows (the Markov head's [V, r] tables) stay float16: a scale per row would cost
+
+
+def int8_rows(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` for an int8 checkpoint: each float 2-D weight with at least INT8_MIN_COLUMNS columns as int8
+    (symmetric, per row: scale = max|row| / 127) plus `<name>_scale`; every other float tensor as float16.
+    Why: a deeper draft then fits the size the app ships, and the export quantizes to int8 per channel anyway."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        if not v.is_floating_point():
+            out[k] = v
+        elif v.dim() == 2 and v.shape[1] >= INT8_MIN_COLUMNS:
+            w = v.detach().float()
+            scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            out[k] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            out[k + SCALE_SUFFIX] = scale.contiguous()
+        else:
+            out[k] = v.detach().to(torch.float16).contiguous()
+    return out
+
+
+def from_int8_rows(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The float32 weights of an int8 checkpoint's `<name>` + `<name>_scale` pairs; other tensors unchanged."""
+    out = dict(state)
+    for k in [k for k, v in state.items() if v.dtype == torch.int8 and k + SCALE_SUFFIX in state]:
+        scale = out.pop(k + SCALE_SUFFIX).float()
+        out[k] = state[k].float() * scale[:, None]
+    return out
 
 
 def read_state(ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a (possibly sharded) safetensors checkpoint, 'model.' prefixes stripped."""
+    """All tensors of a (possibly sharded) safetensors checkpoint, 'model.' prefixes stripped, int8-stored
+    weights as float32."""
     from safetensors.torch import load_file
 
     files = sorted(Path(ckpt_dir).glob("*.safetensors"))
@@ -31,7 +62,7 @@ def read_state(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     for f in files:
         for k, v in load_file(str(f)).items():
             state[k.removeprefix("model.")] = v
-    return state
+    return from_int8_rows(state)
 
 
 def load_state_into(model: nn.Module, state: Mapping[str, torch.Tensor], ckpt_dir: Path, what: str,
@@ -85,6 +116,11 @@ def save_state(model: nn.Module, config: Mapping[str, Any], ckpt_dir: Path,
         if v is not None:
             state[k] = v.detach().to("cpu").contiguous()
     cfg["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    if cfg.get("weight_storage") == INT8_STORAGE:
+        state = int8_rows(state)
+        cfg["torch_dtype"] = "float16"  # of the tensors that are not int8 rows
+    elif cfg.get("weight_storage") is not None:
+        raise ValueError(f"weight_storage {cfg['weight_storage']!r}: only {INT8_STORAGE!r} is known")
     save_file(state, str(ckpt_dir / "model.safetensors"), metadata={"format": "pt"})
     (ckpt_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return ckpt_dir

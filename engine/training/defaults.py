@@ -77,10 +77,11 @@ def draft_shape(variant: str, d: DraftSettings, info: TargetInfo, tokenizer_voca
         head_bytes_per_rank = 2 * 2 * vocab  # W1, W2 [V, r] in fp16
     elif variant == "dflash_v2":
         head_bytes_per_rank = 2 * 2 * vocab + 2 * h  # A, B [V, r] + W_h [r, H]
+    per_param = 1 if d.ship_dtype == "int8" else 2  # bytes of a backbone weight as shipped
     layers = d.layers
     if not layers:
-        layers = 2 if backbone_params(info.config, 2, len(taps)) * 2 / 1e6 + head_bytes_per_rank * 4 / 1e6 <= budget else 1
-    base_mb = backbone_params(info.config, layers, len(taps)) * 2 / 1e6
+        layers = 2 if backbone_params(info.config, 2, len(taps)) * per_param / 1e6 + head_bytes_per_rank * 4 / 1e6 <= budget else 1
+    base_mb = backbone_params(info.config, layers, len(taps)) * per_param / 1e6
     if variant == "dflash_v2":
         base_mb += layers * 2 * (2 * d.conv_kernel_size * h + 2 * d.conv_kernel_size * (h // d.conv_group_size) * h) * 2 / 1e6
     rank = d.markov_rank

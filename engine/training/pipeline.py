@@ -29,7 +29,7 @@ from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DSPARK, load_draft, save_dr
 from engine.training import distributed as ddp
 from engine.training import prompts as P
 from engine.training.defaults import DraftShape, draft_shape
-from engine.training.recipe import Recipe, Source, Stage
+from engine.training.recipe import DraftSettings, Recipe, Source, Stage
 from engine.training.sources import PromptRow
 from engine.training.target_loader import TargetInfo, inspect_target
 
@@ -417,7 +417,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
             # machine whose lease can end mid-stage (launch.sh snapshot); replaced atomically
             tmp = stem.with_name(stem.name + ".latest.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            save_draft(copy.deepcopy(draft).to("cpu", getattr(torch, r.draft.ship_dtype)), cfg, tmp)
+            save_draft(ship_copy(draft, r.draft.ship_dtype), cfg, tmp)
             (tmp / "snapshot.json").write_text(json.dumps({"stage": stage.name, "step": step}), encoding="utf-8")
             latest = stem.with_name(stem.name + ".latest")
             shutil.rmtree(latest, ignore_errors=True)
@@ -435,7 +435,7 @@ def train_stages(opts: RunOptions, plan: Plan, tok: Any, by_source: dict[str, li
         for n, per in acc.items():
             log(f"stage {stage.name}: held-out tau at {n} candidates: "
                 + ", ".join(f"{m} {v['tokens_per_step'].get('all', 0):.3f}" for m, v in per.items()))
-        save_draft(copy.deepcopy(draft).to("cpu", getattr(torch, r.draft.ship_dtype)), cfg, sdir)
+        save_draft(ship_copy(draft, r.draft.ship_dtype), cfg, sdir)
         entry = {"name": stage.name, "sources": list(stage.sources), "init": init_note, "steps": res["steps"],
                  "seconds": res["seconds"], "gpu_seconds": round(res["seconds"] * world.size, 1) if dev.type != "cpu" else 0,
                  "wall_seconds": round(time.time() - t_stage, 1), "settings": asdict(settings),
@@ -556,7 +556,7 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         init = "fresh"
     if init == "previous":
         draft, cfg, _ = load_draft(prev_dir)
-        return draft.float(), cfg, f"the weights of the previous stage ({prev_dir})", True
+        return draft.float(), ship_config(cfg, opts.recipe.draft), f"the weights of the previous stage ({prev_dir})", True
     if init not in ("fresh",) and not init.startswith("v1_backbone:"):
         path = Path(init)
         if not path.is_absolute() and not path.exists():
@@ -565,7 +565,17 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         if variant != opts.variant:
             raise TrainDraftError(f"{path} is a {variant} draft; this run trains {opts.variant}")
         check_fits(cfg, plan)
-        return draft.float(), cfg, f"all weights of {path}", True
+        note = f"all weights of {path}"
+        if int(cfg["num_hidden_layers"]) != plan.shape.layers:
+            from engine.training.warm_start import grow_layers
+
+            try:
+                draft, cfg, _ = grow_layers(draft, cfg, plan.shape.layers)
+            except ValueError as e:
+                raise TrainDraftError(f"{path}: {e} (the recipe's [draft] layers is {plan.shape.layers})") from None
+            note += f", grown to {plan.shape.layers} layers (the new ones start as identities)"
+            log(f"draft: {note}")
+        return draft.float(), ship_config(cfg, opts.recipe.draft), note, True
     draft, cfg = fresh_draft(opts.variant, plan, tcfg, opts.recipe)
     note = "fresh"
     if init.startswith("v1_backbone:"):
@@ -577,7 +587,27 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
         info = copy_v1_backbone(draft, path)
         note = f"backbone from the DFlash v1 draft {path} ({info['tensors']} tensors)"
     log(f"draft: {note}")
-    return draft, cfg, note, False
+    return draft, ship_config(cfg, opts.recipe.draft), note, False
+
+
+def ship_config(cfg: dict[str, Any], d: DraftSettings) -> dict[str, Any]:
+    """The config the stage saves with: `weight_storage` says int8 rows when the recipe ships them."""
+    from engine.drafts.checkpoint import INT8_STORAGE
+
+    out = {k: v for k, v in cfg.items() if k != "weight_storage"}
+    if d.ship_dtype == INT8_STORAGE:
+        out["weight_storage"] = INT8_STORAGE
+    return out
+
+
+def ship_copy(draft: Any, ship_dtype: str) -> Any:
+    """A CPU copy of the draft to save, in the recipe's ship dtype (float32 for int8 rows: they are
+    quantized from full precision when saved)."""
+    import torch
+
+    from engine.drafts.checkpoint import INT8_STORAGE
+
+    return copy.deepcopy(draft).to("cpu", torch.float32 if ship_dtype == INT8_STORAGE else getattr(torch, ship_dtype))
 
 
 def check_fits(cfg: dict[str, Any], plan: Plan) -> None:

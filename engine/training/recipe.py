@@ -68,6 +68,9 @@ class DataSettings:
     features: str = "stored"  # stored: once per row, within max_feature_gib | online: per batch, every row
 
 
+SHIP_DTYPES = ("float16", "bfloat16", "float32", "int8")
+
+
 @dataclass(frozen=True)
 class DraftSettings:
     layers: int = 0  # 0: the largest of 1..2 that fits max_mb
@@ -81,7 +84,7 @@ class DraftSettings:
     selector_top_k: int = 16
     conv_group_size: int = 16
     conv_kernel_size: int = 2
-    ship_dtype: str = "float16"
+    ship_dtype: str = "float16"  # or int8: wide weights as int8 rows (engine/drafts/checkpoint.py), the rest float16
 
 
 @dataclass(frozen=True)
@@ -241,8 +244,11 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
         raise RecipeError(f"{path}: [draft] block_size must be at least 2, got {d.block_size}")
     if d.head not in ("vanilla", "gated", "none") or d.confidence not in ("none", "hidden", "markov"):
         raise RecipeError(f"{path}: [draft] head must be vanilla|gated|none and confidence none|hidden|markov")
-    if d.ship_dtype not in ("float16", "bfloat16", "float32"):
-        raise RecipeError(f"{path}: [draft] ship_dtype must be float16, bfloat16 or float32")
+    if d.ship_dtype not in SHIP_DTYPES:
+        raise RecipeError(f"{path}: [draft] ship_dtype must be one of {', '.join(SHIP_DTYPES)}, got {d.ship_dtype!r}")
+    if d.ship_dtype == "int8" and recipe.variant == "dflash_v1":
+        raise RecipeError(f"{path}: [draft] ship_dtype int8 is for DSpark and DFlash v2 drafts; a DFlash v1 draft keeps "
+                          "z-lab's float layout (float16, bfloat16 or float32)")
     return recipe
 
 

@@ -1,8 +1,12 @@
-"""Warm start: a DFlash v1 draft's backbone copied into a DSpark or DFlash v2 draft of the same target."""
+"""Warm starts: a DFlash v1 draft's backbone copied into a DSpark or DFlash v2 draft of the same target,
+and a trained draft grown deeper (new layers that start as identities)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine.drafts.dflash_v1 import DFlashV1Draft, load_checkpoint
 
@@ -32,3 +36,36 @@ def copy_v1_backbone(draft: DFlashV1Draft, v1_dir: Path) -> dict[str, Any]:
     draft.load_state_dict({k: src[k] for k in keys}, strict=False)
     return {"from": str(v1_dir), "tensors": len(keys), "v1_block_size": v1_cfg.get("block_size"),
             "v1_layers": a.num_hidden_layers, "layers_copied": b.num_hidden_layers}
+
+
+ZEROED_IN_NEW_LAYERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # the residual branches' outputs
+
+
+def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """`draft` with `layers` decoder layers: its own kept, each new one after them a copy of its last layer
+    with the attention and MLP output projections zeroed. A zeroed output makes a pre-norm layer the
+    identity, so the deeper draft drafts exactly what the trained one did and training goes on from there
+    (the copied projections give the new layer useful inputs from the first step). Returns (draft, config,
+    note)."""
+    old = int(cfg["num_hidden_layers"])
+    if layers < old:
+        raise ValueError(f"the draft has {old} layers; it can grow, not shrink to {layers}")
+    grown_cfg = copy.deepcopy(cfg)
+    grown_cfg["num_hidden_layers"] = layers
+    if isinstance(grown_cfg.get("layer_types"), list) and grown_cfg["layer_types"]:
+        grown_cfg["layer_types"] = list(grown_cfg["layer_types"]) + [grown_cfg["layer_types"][-1]] * (layers - old)
+    grown = type(draft)(grown_cfg)
+    src = draft.state_dict()
+    state = grown.state_dict()
+    for k in state:
+        if k.startswith("layers."):
+            i, rest = k.split(".", 2)[1:]
+            if int(i) >= old:
+                state[k] = torch.zeros_like(state[k]) if rest in ZEROED_IN_NEW_LAYERS else src[f"layers.{old - 1}.{rest}"]
+                continue
+        state[k] = src[k]
+    grown.load_state_dict(state)
+    for name in ("embed_tokens_weight", "lm_head_weight"):
+        if getattr(draft, name, None) is not None:
+            setattr(grown, name, getattr(draft, name))
+    return grown.to(next(draft.parameters()).dtype), grown_cfg, {"from_layers": old, "layers": layers}

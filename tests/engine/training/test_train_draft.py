@@ -229,6 +229,75 @@ def test_a_stage_from_given_weights_reports_their_heldout_tau(tiny_qwen3_hf: Pat
     assert start == pytest.approx(first["heldout_tau"], abs=1e-6)
 
 
+def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_hf: Path, tiny_qwen3_target: Path,
+                                                                     tmp_path: Path, capsys, monkeypatch,
+                                                                     single_thread) -> None:
+    """A recipe with more layers than the --init draft grows it: the new layer starts as an identity, so
+    the grown draft's held-out τ before training is the first run's final τ; it then trains, saves its
+    wide weights as int8 rows (a third of float32's bytes), exports, and keeps greedy output the target's."""
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.config import GenerationConfig
+    from engine.drafts import checkpoint
+    from engine.pipeline import SpeculativePipeline
+
+    monkeypatch.setattr(checkpoint, "INT8_MIN_COLUMNS", 16)  # the tiny draft's rows are narrow
+    prompts = _prompts_file(tmp_path / "p.jsonl")
+    base = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--device", "cpu"]
+    code, out, err = _run(capsys, *base, "--recipe", str(_recipe(tmp_path / "a.toml", "dspark", prompts, steps=20)),
+                          "--out", str(tmp_path / "a"), "--no-export")
+    assert code == 0, err
+    first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]["heldout_tau"]
+    deeper = _recipe(tmp_path / "b.toml", "dspark", prompts, steps=5).read_text()
+    deeper = deeper.replace("layers = 1", "layers = 2").replace('ship_dtype = "float32"', 'ship_dtype = "int8"')
+    (tmp_path / "b.toml").write_text(deeper)
+    code, out, err = _run(capsys, *base, "--recipe", str(tmp_path / "b.toml"), "--out", str(tmp_path / "b"),
+                          "--init", str(tmp_path / "a" / "checkpoint"))
+    assert code == 0, err
+    stage = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]
+    assert "grown to 2 layers" in stage["init"]
+    assert stage["heldout_start"] == pytest.approx(first, abs=1e-6)
+    ckpt = tmp_path / "b" / "checkpoint"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["weight_storage"] == "int8"
+    stored = load_file(str(ckpt / "model.safetensors"))
+    assert stored["layers.1.mlp.down_proj.weight"].dtype == torch.int8
+    assert "layers.1.mlp.down_proj.weight_scale" in stored
+    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
+    spec = SpeculativePipeline.load(tiny_qwen3_target, Path(out[-1]), precision="f32")
+    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    for prompt in TRAIN_PROMPTS[:2]:
+        assert spec.generate(prompt, gen, chat=True).token_ids == alone.generate(prompt, gen, chat=True).token_ids
+    # a draft is not shrunk
+    shallow = deeper.replace("layers = 2", "layers = 1")
+    (tmp_path / "c.toml").write_text(shallow)
+    code, _, err = _run(capsys, *base, "--recipe", str(tmp_path / "c.toml"), "--out", str(tmp_path / "c"),
+                        "--init", str(ckpt), "--no-export")
+    assert code != 0 and "can grow, not shrink" in err
+
+
+def test_int8_rows_round_trip_within_half_a_step() -> None:
+    """Wide rows go int8 with one scale each and come back within half a quantisation step; narrow
+    tables and vectors stay float16; a checkpoint without int8 rows reads back unchanged."""
+    import torch
+
+    from engine.drafts.checkpoint import INT8_MIN_COLUMNS, from_int8_rows, int8_rows
+
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(12, INT8_MIN_COLUMNS, generator=g) * torch.linspace(0.01, 3.0, 12)[:, None],
+             "table": torch.randn(40, 16, generator=g), "norm": torch.ones(8), "zero": torch.zeros(3, INT8_MIN_COLUMNS)}
+    packed = int8_rows(state)
+    assert packed["w"].dtype == torch.int8 and packed["w_scale"].shape == (12,)
+    assert packed["table"].dtype == torch.float16 and packed["norm"].dtype == torch.float16
+    back = from_int8_rows(packed)
+    assert set(back) == set(state)
+    step = state["w"].abs().amax(dim=1) / 127
+    assert bool(((back["w"] - state["w"]).abs() <= step[:, None] / 2 + 1e-7).all())
+    assert torch.equal(back["zero"], state["zero"])
+    assert from_int8_rows({"x": torch.ones(2, 2), "x_scale": torch.ones(2)})["x_scale"].shape == (2,)  # float x: kept
+
+
 def test_train_draft_trains_over_the_sub_vocabulary_it_ships(tiny_qwen3_hf: Path, tiny_qwen3_target: Path,
                                                             tmp_path: Path, capsys, monkeypatch, single_thread) -> None:
     """On a target with a large vocabulary (here: a sub-vocabulary of 128 of the tiny 768 forced) the
