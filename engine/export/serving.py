@@ -106,12 +106,14 @@ def resolve_draft(draft: Path) -> Path:
 def _read_tensors(folder: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
+    from engine.drafts.checkpoint import from_int8_rows
+
     tensors: dict[str, Any] = {}
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
                 tensors[k.removeprefix("model.")] = st.get_tensor(k)
-    return tensors
+    return from_int8_rows(tensors)  # the public layout is float: int8-stored rows back to their values
 
 
 def _variant(cfg: dict[str, Any]) -> str:
@@ -170,7 +172,7 @@ def _check_fit(cfg: dict[str, Any], tcfg: dict[str, Any], layers: list[int], mas
 
 def public_config(cfg: dict[str, Any], variant: str) -> dict[str, Any]:
     """config.json in the layout's own place for each field (both places where readers differ)."""
-    out = dict(cfg)
+    out = {k: v for k, v in cfg.items() if k != "weight_storage"}  # the layout's tensors are float
     block, mask, layers = _fields(cfg, variant)
     if variant in ("dflash_v1", "dflash_v2"):
         d = dict(cfg.get("dflash_config") or {})
@@ -242,6 +244,10 @@ def export_serving(target: Path, draft: Path, engine: str, output: Path) -> Path
     if unknown:
         raise ModelFolderError(f"{ckpt} has tensors the {variant} layout does not know: {', '.join(unknown[:4])}.")
     out_tensors = {k: tensors[k].contiguous() for k in sorted(expected)}
+    if cfg.get("weight_storage"):  # int8 rows: every tensor in the checkpoint's float dtype
+        import torch
+
+        out_tensors = {k: v.to(getattr(torch, cfg.get("torch_dtype") or "float16")) for k, v in out_tensors.items()}
     if variant == "dspark":  # DeepSpec stores the target's embedding and lm_head with the draft
         tw = _read_tensors(target_hf)
         embed = tw.get("embed_tokens.weight")

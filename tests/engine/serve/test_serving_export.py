@@ -105,3 +105,28 @@ def test_shipped_dspark_and_dflash2_round_trip(tmp_path, smollm2_home, name, arc
         assert json.loads((served / "serving.json").read_text())["num_speculative_tokens"] == 8
     else:
         assert cfg["dflash_config"]["block_size"] == 8 and "candidate_selector.successor_codebook" in names
+
+
+def test_an_int8_checkpoint_serves_as_float(tmp_path, tiny_qwen3_hf, monkeypatch):
+    """A draft saved as int8 rows (train-draft's ship_dtype int8) exports to the public layout in float:
+    no int8 tensors, no scales, no weight_storage key, and the values the rows stood for."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from engine.drafts import checkpoint, load_draft, save_draft
+    from engine.drafts.dspark import DSparkDraft, random_dspark_config
+
+    monkeypatch.setattr(checkpoint, "INT8_MIN_COLUMNS", 16)  # the tiny draft's rows are narrow
+    tcfg = AutoConfig.from_pretrained(tiny_qwen3_hf)
+    cfg = random_dspark_config(tcfg, 1, 6, [1, 2], tcfg.vocab_size - 1, markov_rank=8)
+    torch.manual_seed(0)
+    save_draft(DSparkDraft(cfg), {**cfg, "weight_storage": "int8"}, tmp_path / "ckpt")
+    stored = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert stored["fc.weight"].dtype == torch.int8 and "fc.weight_scale" in stored
+    served = export_serving(tiny_qwen3_hf, tmp_path / "ckpt", "vllm", tmp_path / "serving")
+    out = load_file(str(served / "model.safetensors"))
+    assert all(v.is_floating_point() for v in out.values()) and not any(k.endswith("_scale") for k in out)
+    assert "weight_storage" not in json.loads((served / "config.json").read_text())
+    model, _, _ = load_draft(tmp_path / "ckpt")  # the dequantized values
+    assert torch.allclose(out["fc.weight"].float(), model.state_dict()["fc.weight"], atol=1e-3)
