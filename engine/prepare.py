@@ -139,6 +139,7 @@ def prepare_default(
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
 DRAFT_WEIGHT_FORMAT = "int8"  # half the bytes of f16 weights read per draft call (docs/benchmarks.md: fp16 against int8)
+DRAFT_EXPORT = 2  # 2: symmetric int8 backbones (engine/export/ir.py); a draft exported before is exported again
 
 
 DRAFT_PREFIX = "smollm2-"  # resources/drafts/<prefix>* belong to a target (engine.catalog: one per model)
@@ -182,9 +183,10 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         dest = default_drafts_dir() / src.name
         source = ":".join(sha256_file(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = read_marker(dest)
-        extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT}
+        extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT, "export": DRAFT_EXPORT}
         current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
-                   and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT)
+                   and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT
+                   and marker.get("export") == DRAFT_EXPORT)
         changes = folder_changes(dest)
         if not force and current and changes is not None and not changes.missing and not changes.broken:
             if changes.edited:  # the person wrote their own draft_vocabulary.json into an intact export
