@@ -104,7 +104,7 @@ def make_stateful(ov_model: ov.Model, num_layers: int) -> None:
 
 def save_ir(ov_model: ov.Model, folder: Path, weight_format: str) -> None:
     """int8: symmetric per output channel (no zero point). It drafts the same tokens as asymmetric int8 and
-    its call is cheaper on the CPU (docs/benchmarks.md, "Stage 11"); a draft stored as symmetric int8 rows
+    its call is cheaper on the CPU (docs/benchmarks.md, "Symmetric int8"); a draft stored as symmetric int8 rows
     (engine/drafts/checkpoint.py) keeps its own grid instead of being rounded a second time."""
     if weight_format == "int8":
         import nncf

@@ -52,6 +52,11 @@ def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict
         raise ValueError(f"the draft has {old} layers; it can grow, not shrink to {layers}")
     grown_cfg = copy.deepcopy(cfg)
     grown_cfg["num_hidden_layers"] = layers
+    taps = [int(t) for t in draft.cfg.target_layer_ids]  # pinned: a config without them derives them from the layers
+    if isinstance(grown_cfg.get("dflash_config"), dict):
+        grown_cfg["dflash_config"]["target_layer_ids"] = taps
+    else:
+        grown_cfg["target_layer_ids"] = taps
     if isinstance(grown_cfg.get("layer_types"), list) and grown_cfg["layer_types"]:
         grown_cfg["layer_types"] = list(grown_cfg["layer_types"]) + [grown_cfg["layer_types"][-1]] * (layers - old)
     grown = type(draft)(grown_cfg)
