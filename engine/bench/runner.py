@@ -10,7 +10,10 @@ v1 drafts without a head, greedy); configurations that cannot run are skipped wi
 Every configuration is driven the same way: its engine gets N requests in flight through
 add_request / step (whenever one finishes the next prompt is added); a single request is N = 1.
 - Without `concurrency` each prompt runs alone, and every configuration runs every prompt in turn
-  (prompt-major order, so machine drift hits all alike); the peer is openvino_genai.LLMPipeline.
+  (prompt-major order, so machine drift hits all alike), the order rotated by one each prompt (a
+  configuration that runs right after another model pays for its weights leaving the caches: the
+  first after the target alone drafted ~0.6 ms a call slower than the next, docs/benchmarks.md);
+  the peer is openvino_genai.LLMPipeline.
 - With `concurrency` levels, for each N every configuration runs all prompts (level-major); the
   peer is ContinuousBatchingPipeline with the target alone, under the same scheduler budget.
 One untimed warm-up (of N requests) per configuration comes first. engine/bench/report.py says how
@@ -239,7 +242,8 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         else [caching_label(False)]}
     load_before = _loadavg()
     if levels is None:
-        settings["order"] = "prompt-major, one request at a time, one untimed warm-up per configuration"
+        settings["order"] = ("prompt-major, the configurations' order rotated by one each prompt, one request at a "
+                             "time, one untimed warm-up per configuration")
     else:
         eff = effective_scheduler(spec.scheduler)
         settings.update(concurrency=levels, scheduler=", ".join(f"{k}={eff[k]}" for k in SCHEDULER_FIELDS),
@@ -300,9 +304,9 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
     if levels is None:
         total = len(items) * len(configs)
         done_runs = 0
-        for prompt, (pid, ids) in zip(items, encoded):
+        for i, (prompt, (pid, ids)) in enumerate(zip(items, encoded)):
             finished: list[tuple[_Config, BatchRun, list[float]]] = []
-            for c in configs:
+            for c in rotated(configs, i):
                 if stop():
                     break
                 say(f"{c.row.config}: prompt {pid}", done_runs / total)
@@ -339,6 +343,12 @@ def run_bench(spec: BenchSpec, progress: Progress | None = None, cancel: Cancel 
         done_prompts = 0 if cancelled else len(items)
     say("cancelled" if cancelled else "done", None if cancelled else 1.0)
     return result(cancelled)
+
+
+def rotated(items: list[Any], k: int) -> list[Any]:
+    """`items` starting at index k (mod their count): each is first, and after each other, equally often."""
+    k = k % len(items) if items else 0
+    return items[k:] + items[:k]
 
 
 def _reliability(configs: list[_Config]) -> dict[str, dict[str, dict]]:

@@ -104,6 +104,22 @@ def test_fake_run_rows_speedup_and_tables(tmp_path):
     assert [p["config"] for p in parsed] == names and float(parsed[2]["speedup"]) == rows[2]["speedup"]
 
 
+def test_each_prompt_starts_with_the_next_configuration(tmp_path):
+    """Prompt-major order rotates: a configuration that runs right after another model pays for that model's
+    weights in the caches, so no row may always be the one after the target alone."""
+    events = []
+    run_bench(_spec(tmp_path, num_assistant_tokens=[None, 3]), progress=lambda m, f=None: events.append(m),
+              loader=fake_loader(step_delay_s=0.0), machine=MACHINE)
+    runs = [m.rsplit(": prompt ", 1) for m in events if ": prompt " in m]
+    by_prompt: dict[str, list[str]] = {}
+    for config, pid in runs:
+        by_prompt.setdefault(pid, []).append(config)
+    orders = list(by_prompt.values())
+    assert len(orders) == 3 and all(sorted(o) == sorted(orders[0]) and len(o) == 3 for o in orders)
+    assert len({o[0] for o in orders}) == 3  # each configuration first once
+    assert orders[1] == orders[0][1:] + orders[0][:1]
+
+
 def test_fake_run_variants_k_values_sampling_and_skips(tmp_path):
     loader = fake_loader(step_delay_s=0.001, draft_variant="dflash_v2", draft_head_top_k=8)
     spec = _spec(tmp_path, drafts=[tmp_path / "v2"], prompts=2, markov_head_top_k=[8, 0], genai_dflash=True,
