@@ -10,9 +10,9 @@ v1 drafts without a head, greedy); configurations that cannot run are skipped wi
 Every configuration is driven the same way: its engine gets N requests in flight through
 add_request / step (whenever one finishes the next prompt is added); a single request is N = 1.
 - Without `concurrency` each prompt runs alone, and every configuration runs every prompt in turn
-  (prompt-major order, so machine drift hits all alike), the order rotated by one each prompt (a
-  configuration that runs right after another model pays for its weights leaving the caches: the
-  first after the target alone drafted ~0.6 ms a call slower than the next, docs/benchmarks.md);
+  (prompt-major order, so machine drift hits all alike), the order rotated by one each prompt: the
+  configuration that always ran right after the target alone drafted ~0.6 ms a call slower than the
+  next one of the same draft, and rotated the two are level (docs/benchmarks.md, "Symmetric int8");
   the peer is openvino_genai.LLMPipeline.
 - With `concurrency` levels, for each N every configuration runs all prompts (level-major); the
   peer is ContinuousBatchingPipeline with the target alone, under the same scheduler budget.

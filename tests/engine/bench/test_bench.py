@@ -105,8 +105,8 @@ def test_fake_run_rows_speedup_and_tables(tmp_path):
 
 
 def test_each_prompt_starts_with_the_next_configuration(tmp_path):
-    """Prompt-major order rotates: a configuration that runs right after another model pays for that model's
-    weights in the caches, so no row may always be the one after the target alone."""
+    """Prompt-major order rotates, so no row is always the one that runs right after the target alone (that
+    row drafted slower than the next of the same draft)."""
     events = []
     run_bench(_spec(tmp_path, num_assistant_tokens=[None, 3]), progress=lambda m, f=None: events.append(m),
               loader=fake_loader(step_delay_s=0.0), machine=MACHINE)
