@@ -106,14 +106,12 @@ def resolve_draft(draft: Path) -> Path:
 def _read_tensors(folder: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
-    from engine.drafts.checkpoint import from_int8_rows
-
     tensors: dict[str, Any] = {}
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
                 tensors[k.removeprefix("model.")] = st.get_tensor(k)
-    return from_int8_rows(tensors)  # the public layout is float: int8-stored rows back to their values
+    return tensors
 
 
 def _variant(cfg: dict[str, Any]) -> str:
@@ -235,7 +233,9 @@ def export_serving(target: Path, draft: Path, engine: str, output: Path) -> Path
     block, mask, layers = _fields(cfg, variant)
     tcfg = json.loads((target_hf / "config.json").read_text(encoding="utf-8"))
     _check_fit(cfg, tcfg, layers, mask)
-    tensors = _read_tensors(ckpt)
+    from engine.drafts.checkpoint import read_state
+
+    tensors = read_state(ckpt)  # the draft's own reader: int8-stored rows come back as their float values
     expected = _expected(cfg, variant)
     missing = sorted(expected - set(tensors))
     if missing:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.training.recipe import DraftSettings, RecipeError
+from engine.training.recipe import INT8_SHIP, DraftSettings, RecipeError
 from engine.training.target_loader import MASK_CANDIDATES, TargetInfo
 
 MIN_BUDGET_MB = 8.0
@@ -77,7 +77,7 @@ def draft_shape(variant: str, d: DraftSettings, info: TargetInfo, tokenizer_voca
         head_bytes_per_rank = 2 * 2 * vocab  # W1, W2 [V, r] in fp16
     elif variant == "dflash_v2":
         head_bytes_per_rank = 2 * 2 * vocab + 2 * h  # A, B [V, r] + W_h [r, H]
-    per_param = 1 if d.ship_dtype == "int8" else 2  # bytes of a backbone weight as shipped
+    per_param = 1 if d.ship_dtype == INT8_SHIP else 2  # bytes of a backbone weight as shipped
     layers = d.layers
     if not layers:
         layers = 2 if backbone_params(info.config, 2, len(taps)) * per_param / 1e6 + head_bytes_per_rank * 4 / 1e6 <= budget else 1

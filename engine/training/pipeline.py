@@ -29,7 +29,7 @@ from engine.drafts import VARIANT_DFLASH_V1, VARIANT_DSPARK, load_draft, save_dr
 from engine.training import distributed as ddp
 from engine.training import prompts as P
 from engine.training.defaults import DraftShape, draft_shape
-from engine.training.recipe import DraftSettings, Recipe, Source, Stage
+from engine.training.recipe import INT8_SHIP, DraftSettings, Recipe, Source, Stage
 from engine.training.sources import PromptRow
 from engine.training.target_loader import TargetInfo, inspect_target
 
@@ -570,7 +570,7 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
             from engine.training.warm_start import grow_layers
 
             try:
-                draft, cfg, _ = grow_layers(draft, cfg, plan.shape.layers)
+                draft, cfg = grow_layers(draft, cfg, plan.shape.layers)
             except ValueError as e:
                 raise TrainDraftError(f"{path}: {e} (the recipe's [draft] layers is {plan.shape.layers})") from None
             note += f", grown to {plan.shape.layers} layers (the new ones start as identities)"
@@ -595,7 +595,7 @@ def ship_config(cfg: dict[str, Any], d: DraftSettings) -> dict[str, Any]:
     from engine.drafts.checkpoint import INT8_STORAGE
 
     out = {k: v for k, v in cfg.items() if k != "weight_storage"}
-    if d.ship_dtype == INT8_STORAGE:
+    if d.ship_dtype == INT8_SHIP:
         out["weight_storage"] = INT8_STORAGE
     return out
 
@@ -605,9 +605,7 @@ def ship_copy(draft: Any, ship_dtype: str) -> Any:
     quantized from full precision when saved)."""
     import torch
 
-    from engine.drafts.checkpoint import INT8_STORAGE
-
-    return copy.deepcopy(draft).to("cpu", torch.float32 if ship_dtype == INT8_STORAGE else getattr(torch, ship_dtype))
+    return copy.deepcopy(draft).to("cpu", torch.float32 if ship_dtype == INT8_SHIP else getattr(torch, ship_dtype))
 
 
 def check_fits(cfg: dict[str, Any], plan: Plan) -> None:

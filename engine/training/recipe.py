@@ -68,7 +68,8 @@ class DataSettings:
     features: str = "stored"  # stored: once per row, within max_feature_gib | online: per batch, every row
 
 
-SHIP_DTYPES = ("float16", "bfloat16", "float32", "int8")
+INT8_SHIP = "int8"  # wide weights as int8 rows (engine/drafts/checkpoint.py), the rest float16
+SHIP_DTYPES = ("float16", "bfloat16", "float32", INT8_SHIP)
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def parse_recipe(raw: dict[str, Any], path: Path) -> Recipe:
         raise RecipeError(f"{path}: [draft] head must be vanilla|gated|none and confidence none|hidden|markov")
     if d.ship_dtype not in SHIP_DTYPES:
         raise RecipeError(f"{path}: [draft] ship_dtype must be one of {', '.join(SHIP_DTYPES)}, got {d.ship_dtype!r}")
-    if d.ship_dtype == "int8" and recipe.variant == "dflash_v1":
+    if d.ship_dtype == INT8_SHIP and recipe.variant == "dflash_v1":
         raise RecipeError(f"{path}: [draft] ship_dtype int8 is for DSpark and DFlash v2 drafts; a DFlash v1 draft keeps "
                           "z-lab's float layout (float16, bfloat16 or float32)")
     return recipe

@@ -41,12 +41,11 @@ def copy_v1_backbone(draft: DFlashV1Draft, v1_dir: Path) -> dict[str, Any]:
 ZEROED_IN_NEW_LAYERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # the residual branches' outputs
 
 
-def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict[str, Any]]:
     """`draft` with `layers` decoder layers: its own kept, each new one after them a copy of its last layer
     with the attention and MLP output projections zeroed. A zeroed output makes a pre-norm layer the
     identity, so the deeper draft drafts exactly what the trained one did and training goes on from there
-    (the copied projections give the new layer useful inputs from the first step). Returns (draft, config,
-    note)."""
+    (the copied projections give the new layer useful inputs from the first step). Returns (draft, config)."""
     old = int(cfg["num_hidden_layers"])
     if layers < old:
         raise ValueError(f"the draft has {old} layers; it can grow, not shrink to {layers}")
@@ -73,4 +72,4 @@ def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict
     for name in ("embed_tokens_weight", "lm_head_weight"):
         if getattr(draft, name, None) is not None:
             setattr(grown, name, getattr(draft, name))
-    return grown.to(next(draft.parameters()).dtype), grown_cfg, {"from_layers": old, "layers": layers}
+    return grown.to(next(draft.parameters()).dtype), grown_cfg
