@@ -1,18 +1,24 @@
-"""Finished requests keep only their results and metrics: RSS stays flat over 300 add/step/cancel
-rounds with random settings on SmolLM2 with a draft (issue 20).
+"""Finished requests keep only their results and metrics: the memory Python and numpy hold stays flat
+over 300 add/step/cancel rounds with random settings on SmolLM2 with a draft (issue 20).
 
 SmolLM2's rows are large enough to show a leak: a request's tapped hidden rows (3 x 576 floats a
 token), its draft proposals (49,152 float64 each when sampled) and its logits processor (two
 vocabulary-sized arrays) come to about a megabyte, and the pipeline remembers the last 256 finished
-requests, so keeping those arrays grows RSS by hundreds of MB where the bound is 30 MB. More rounds
-than it remembers are enough: past the 256th, a leak through the finished requests grows no further
-(the old code grew 279.5 MB over 1,000 rounds).
+requests, so keeping those arrays grows the traced memory by hundreds of MB where the bound is 30 MB
+(the old code's leak, put back for a check: 277 MB over these 300 rounds; the pipeline as it is: 1.3 MB).
+More rounds than it remembers are enough: past the 256th, a leak through the finished requests grows no
+further.
+
+tracemalloc counts every Python object and numpy array, which is where the pipeline keeps a request,
+and not the OpenVINO plugin's native memory. RSS counted both and read the plugin: its per-shape
+kernels and buffers grew RSS by 12 MB over the same rounds on a Zen 4 EPYC and by 108 MB on CI's
+machine of another CPU, with nothing kept by the pipeline.
 """
 from __future__ import annotations
 
 import gc
-import os
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -25,11 +31,6 @@ ROUNDS = 300  # more than the pipeline's 256 remembered finished requests
 WARMUP = 24
 BOUND_MB = 30.0
 PROMPT_LENGTHS = (16, 64, 160)  # few shapes: the plugin's per-shape caches fill during the warm-up
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
 def _round(pipe: SpeculativePipeline, rng: random.Random, vocab: int, plen: int | None = None,
@@ -50,8 +51,7 @@ def _round(pipe: SpeculativePipeline, rng: random.Random, vocab: int, plen: int 
     return rid
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads the RSS from /proc")
-def test_rss_flat_over_300_cancelled_requests(smollm2_target: Path, smollm2_random_draft: Path) -> None:
+def test_memory_flat_over_300_cancelled_requests(smollm2_target: Path, smollm2_random_draft: Path) -> None:
     pipe = SpeculativePipeline.load(smollm2_target, smollm2_random_draft)
     vocab = pipe.target.vocab_size
     rng = random.Random(20)
@@ -61,11 +61,17 @@ def test_rss_flat_over_300_cancelled_requests(smollm2_target: Path, smollm2_rand
     for _ in range(WARMUP):
         _round(pipe, rng, vocab)
     gc.collect()
-    base = _rss_mb()
-    rids = [_round(pipe, rng, vocab) for _ in range(ROUNDS)]
-    gc.collect()
-    growth = _rss_mb() - base
-    assert growth < BOUND_MB, f"RSS grew {growth:.1f} MB over {ROUNDS} rounds after the warm-up"
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        rids = [_round(pipe, rng, vocab) for _ in range(ROUNDS)]
+        gc.collect()
+        growth = (tracemalloc.get_traced_memory()[0] - base) / 2 ** 20
+        top = tracemalloc.take_snapshot().statistics("lineno")[:5]
+    finally:
+        tracemalloc.stop()
+    where = "\n".join(str(s) for s in top)
+    assert growth < BOUND_MB, f"Python/numpy memory grew {growth:.1f} MB over {ROUNDS} rounds after the warm-up:\n{where}"
     # What a finished request keeps is still there: its result and metrics.
     last = pipe.result(rids[-1])
     assert last.finish_reason == "cancelled" and pipe.metrics(rids[-1]).prompt_tokens in PROMPT_LENGTHS
