@@ -10,9 +10,9 @@ More rounds than it remembers are enough: past the 256th, a leak through the fin
 further.
 
 tracemalloc counts every Python object and numpy array, which is where the pipeline keeps a request,
-and not the OpenVINO plugin's native memory. RSS counted both and read the plugin: its per-shape
-kernels and buffers grew RSS by 12 MB over the same rounds on a Zen 4 EPYC and by 108 MB on CI's
-machine of another CPU, with nothing kept by the pipeline.
+and not the OpenVINO plugin's native memory. RSS counted both, and the plugin's share moves with the
+machine: over the same rounds RSS grew 12 MB on a Zen 4 EPYC (traced: 1.3 MB) and 108 MB on one of
+CI's machines.
 """
 from __future__ import annotations
 
