@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 ROUNDS = 300  # more than the pipeline's 256 remembered finished requests
 WARMUP = 24
 BOUND_MB = 30.0
-PROMPT_LENGTHS = (16, 64, 160)  # few shapes: the plugin's per-shape caches fill during the warm-up
+PROMPT_LENGTHS = (16, 64, 160)  # few shapes: what is kept per shape (the draft policy's prices by row count) fills in the warm-up
 
 
 def _round(pipe: SpeculativePipeline, rng: random.Random, vocab: int, plen: int | None = None,
