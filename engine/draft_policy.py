@@ -104,16 +104,28 @@ class CostTable:
     and steered the choice (docs/benchmarks.md, issue 25).
 
     A size is *trusted* once `trust` of its calls ran at an unchanged row count ("kept" calls): its price is
-    their median over the last `keep`. A size between two trusted ones is priced on the line between them; one
+    their lower quartile over the last `keep` (a CPU's noise only ever slows a call: a spell of other work that
+    covered half of a probe's calls once priced the probed size 30 % dear and steered the regime away from it,
+    docs/benchmarks.md, issue 25). A size between two trusted ones is priced on the line between them; one
     beside a single trusted size, on the line from it whose slope is the median of the slopes to the `near`
-    other sizes closest to the one asked for (each at its median: kept calls where it has any, else the calls
+    other sizes closest to the one asked for (each at its price: kept calls where it has any, else the calls
     right after a change, "loose", less the policy's measured switch charge), so one odd size does not tilt it.
     Before any size is trusted, a weighted affine fit, fixed + per-unit cost (both >= 0), over the `near`
-    closest sizes. Local, because a CPU prices a row of a long prompt chunk lower than a row of a decode step."""
+    closest sizes. Local, because a CPU prices a row of a long prompt chunk lower than a row of a decode step.
 
-    keep: int = 8
+    The machine's speed drifts over minutes, and a size the pipeline stops using keeps the prices of the minutes
+    it was used in: compared with a size in use now, it looked dear (or cheap) for that alone, and the regime
+    kept the wrong count for hundreds of steps (docs/benchmarks.md, issue 25). So prices are kept relative to the
+    machine's `level` when they were measured: each kept call of a trusted size says how fast the machine runs now
+    (its ms over the size's relative price), the level is the lower quartile of the last `drift_calls`, every
+    call is stored divided by it, and an estimate is the relative price times the level now."""
+
+    keep: int = 32  # a size's calls that price it (at the level of their time: many, so the level, not the price, moves)
     near: int = 4
     trust: int = 3
+    drift_calls: int = 8
+    level: float = 1.0  # the machine's speed now, relative to the prices kept (1: as when they were measured)
+    _speeds: deque[float] = field(default_factory=deque)  # the last `drift_calls` kept calls' ms over their price
     samples: dict[int, deque[float]] = field(default_factory=dict)  # kept calls
     counts: dict[int, int] = field(default_factory=dict)
     loose: dict[int, deque[float]] = field(default_factory=dict)  # calls right after a change, switch charge taken off
@@ -127,15 +139,21 @@ class CostTable:
             return
         if size not in self.samples and size not in self.loose:
             insort(self._sizes, size)
+        if kept and self.counts.get(size, 0) >= self.trust:
+            self._speeds.append(ms / _low(self.samples[size]))
+            if len(self._speeds) > self.drift_calls:
+                self._speeds.popleft()
+            if 2 * len(self._speeds) >= self.drift_calls:  # a few calls' worth, so one slow call does not move it
+                self.level = _low(self._speeds)
         calls, counts = (self.samples, self.counts) if kept else (self.loose, self.loose_counts)
-        calls.setdefault(size, deque(maxlen=self.keep)).append(float(ms))
+        calls.setdefault(size, deque(maxlen=self.keep)).append(float(ms) / self.level)
         counts[size] = counts.get(size, 0) + 1
         if kept and counts[size] == self.trust:
             insort(self._trusted, size)
         self._cache.clear()
 
     def _price(self, size: int) -> float:
-        return median(self.samples[size] if size in self.samples else self.loose[size])
+        return _low(self.samples[size] if size in self.samples else self.loose[size])
 
     def _near(self, size: int, sizes: list[int]) -> list[int]:
         """The `near` sizes closest to `size` (ties to the smaller)."""
@@ -154,11 +172,11 @@ class CostTable:
         v = self._cache.get(size)
         if v is None:
             v = self._cache[size] = self._estimate(size)
-        return v
+        return v * self.level
 
     def _estimate(self, size: int) -> float:
-        if self.counts.get(size, 0) >= self.trust:  # its own median (a CPU's cost can jump from one size to the next)
-            return median(self.samples[size])
+        if self.counts.get(size, 0) >= self.trust:  # its own price (a CPU's cost can jump from one size to the next)
+            return _low(self.samples[size])
         trusted = self._trusted
         if not trusted:
             pts = [(s, self._price(s), self.counts.get(s, 0) + self.loose_counts.get(s, 0))
@@ -168,10 +186,10 @@ class CostTable:
         i = bisect_left(trusted, size)
         if 0 < i < len(trusted):  # between two trusted sizes: the line between them
             s0, s1 = trusted[i - 1], trusted[i]
-            v0, v1 = median(self.samples[s0]), median(self.samples[s1])
+            v0, v1 = _low(self.samples[s0]), _low(self.samples[s1])
             return v0 + (v1 - v0) * (size - s0) / (s1 - s0)
         anchor = trusted[0] if i == 0 else trusted[-1]
-        v = median(self.samples[anchor])
+        v = _low(self.samples[anchor])
         others = [s for s in self._sizes if s != anchor]
         slopes = [(self._price(s) - v) / (s - anchor) for s in self._near(size, others)]
         slope = max(0.0, median(slopes)) if slopes else v / 2 / anchor  # nothing else seen: half of it fixed
@@ -180,6 +198,14 @@ class CostTable:
     @property
     def seen(self) -> bool:
         return bool(self._sizes)
+
+
+def _low(values) -> float:
+    """The lower quartile (linear between order statistics): a price robust to the calls that ran slow."""
+    xs = sorted(values)
+    at = 0.25 * (len(xs) - 1)
+    i = int(at)
+    return xs[i] if i + 1 >= len(xs) else xs[i] + (xs[i + 1] - xs[i]) * (at - i)
 
 
 def _affine(pts: list[tuple[int, float, int]]) -> tuple[float, float]:
@@ -455,7 +481,7 @@ class DraftPolicy:
     # row: the first pays the change, the others are kept calls. Each probe costs two changes of row count and
     # full rows, so they are rare (docs/benchmarks.md, issue 25).
     explore_every: int = 192
-    explore_hold: int = 3
+    explore_hold: int = 6  # five kept calls: a short spell of other work on the CPU does not price the probe
     explore_draft_every: int = 16  # every so many draft steps, draft the full count (measures longer windows)
     draft_quantile: float = 0.9
     skip_spell: int = 32  # steps a first spell without draft calls lasts (draft_pays; 0: always draft)

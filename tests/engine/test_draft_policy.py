@@ -23,15 +23,51 @@ def test_cost_table_fits_the_nearest_sizes_and_shrugs_off_slow_calls() -> None:
     for ms in (36.0, 37.0, 35.0, 36.0):
         t.observe(24, ms)
     t.observe(16, 300.0)  # once, and slow (a first run at a new shape): left out while others were seen twice
-    assert t.estimate(16) == pytest.approx(28.0)  # 20 at 8, 36 at 24: 4 + 1 per unit
-    t.observe(24, 400.0)  # one slow call among the last four at 24: the median barely moves
-    assert t.estimate(24) == pytest.approx(36.5)
+    assert t.estimate(16) == pytest.approx(27.75)  # lower quartiles 19.75 at 8, 35.75 at 24: the line between
+    t.observe(24, 400.0)  # one slow call among the last four at 24 (35, 36, 37, 400): the lower quartile holds
+    assert t.estimate(24) == pytest.approx(35.75)
     for ms in (150.0, 151.0):  # long prompt chunks cost less per row: the fit near 8..24 is not dragged
         t.observe(200, ms)
     assert t.estimate(12) == pytest.approx(24.0, abs=2.0)
     t.observe(0, 5.0)
     t.observe(3, -1.0)
     assert 0 not in t.samples and 3 not in t.samples  # nonsense sizes and times are not kept
+
+
+def _noisy(rng: random.Random, ms: float) -> float:
+    """A CPU's call: a little jitter, and now and then another process's work on top (never faster)."""
+    return ms + rng.uniform(0.0, 0.6) + (rng.uniform(4.0, 12.0) if rng.random() < 0.1 else 0.0)
+
+
+def test_a_size_not_in_use_is_priced_at_the_machines_speed_now() -> None:
+    """The machine slows by a quarter while only 3 rows run: 4 rows, last measured before, must still cost more
+    than 3 (at its old price it looked cheaper, and the regime kept the wrong count: docs/benchmarks.md, issue 25)."""
+    true = lambda r: 25.0 + 1.5 * r
+    rng = random.Random(3)
+    t = CostTable()
+    for size in (4, 3):
+        for _ in range(40):
+            t.observe(size, _noisy(rng, true(size)))
+    for _ in range(40):
+        t.observe(3, _noisy(rng, 1.25 * true(3)))
+    assert t.estimate(3) == pytest.approx(1.25 * true(3), rel=0.03)
+    assert t.estimate(4) > t.estimate(3)
+    assert t.estimate(4) / t.estimate(3) == pytest.approx(true(4) / true(3), rel=0.02)
+
+
+def test_a_probe_that_ran_beside_other_work_does_not_price_its_size_dear() -> None:
+    """Five of the last eight calls of 4 rows ran while another process took the CPU (+10 ms): its price stays the
+    clean one, within a millisecond (the median of those eight said 10 ms more, and the regime left 4 rows for good)."""
+    true = lambda r: 25.0 + 1.5 * r
+    rng = random.Random(5)
+    t = CostTable()
+    for _ in range(40):
+        t.observe(3, _noisy(rng, true(3)))
+        t.observe(4, _noisy(rng, true(4)))
+    for k in range(8):
+        t.observe(4, true(4) + (10.0 if k in (0, 2, 4, 6, 7) else 0.0) + rng.uniform(0.0, 0.6))
+    assert t.estimate(4) == pytest.approx(true(4), abs=1.0)
+    assert t.estimate(4) > t.estimate(3)
 
 
 def test_only_calls_at_a_kept_row_count_price_a_size_by_itself() -> None:
