@@ -1,6 +1,7 @@
 """One training loop for every draft variant (the loss is the variant's: engine/training/losses.py).
 
-AdamW (β 0.9/0.95), the fresh heads at `head_lr_mult` times the backbone's rate, warmup then cosine to
+AdamW (β 0.9/0.95), the fresh heads at `head_lr_mult` times the backbone's rate (a grown draft's trained weights at
+`trained_lr_mult` times, its new layers at the rate itself), warmup then cosine to
 `min_lr_ratio` over min(steps, time budget), bf16 autocast on a GPU, gradient clipping. Each step
 samples `batch_size` answers and `num_anchors` anchors inside each; `short_block_frac` of the blocks
 are trained at a random shorter length, as the engine drafts them when asked for fewer candidates.
@@ -29,6 +30,7 @@ from engine.training.data import FlatData, Log
 from engine.training.distributed import World
 from engine.training.losses import LossWeights, SubVocab, head_parameters, label_span, shortest_block, variant_loss
 from engine.training.packing import sample_anchors
+from engine.training.warm_start import new_layer_parameters
 
 
 @dataclass
@@ -51,6 +53,9 @@ class TrainSettings:
     eval_every: int = 0  # held-out τ during training every N steps (0: only at the end)
     sub_vocab: bool = True  # logits over the draft's sub-vocabulary where it gets one (losses.SubVocab)
     vocab_rows: int = 0  # that sub-vocabulary's size, which the finished draft ships (0: pipeline.sub_vocab_size's rule)
+    # a stage that grows the draft: the rate of everything the starting weights had trained, as a multiple of lr (0
+    # keeps it), while the new layers learn at lr (stage 11 at 1.0 disturbed the trained layers: docs/training.md)
+    trained_lr_mult: float = 1.0
 
 
 def budget_progress(seconds_before: float, elapsed: float, budget_s: float | None) -> float:
@@ -78,9 +83,14 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
     blk = draft.cfg.block_size
     draft.to(dev).train()
     head_ids = {id(p) for p in head_parameters(draft)}
-    groups = [{"params": [p for p in draft.parameters() if id(p) not in head_ids], "mult": 1.0}]
+    new = new_layer_parameters(draft)
+    new_ids = {id(p) for p in new}
+    trained = cfg.trained_lr_mult if new else 1.0
+    groups = [{"params": [p for p in draft.parameters() if id(p) not in head_ids | new_ids], "mult": trained}]
+    if new:
+        groups.append({"params": new, "mult": 1.0})
     if head_ids:
-        groups.append({"params": head_parameters(draft), "mult": cfg.head_lr_mult})
+        groups.append({"params": head_parameters(draft), "mult": cfg.head_lr_mult * trained})
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
                             **({"fused": True} if dev.type == "cuda" else {}))
     state: dict[str, Any] = {"step": 0, "progress": 0.0, "seconds": 0.0, "losses": [], "evals": []}

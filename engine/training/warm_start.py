@@ -72,4 +72,14 @@ def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict
     for name in ("embed_tokens_weight", "lm_head_weight"):
         if getattr(draft, name, None) is not None:
             setattr(grown, name, getattr(draft, name))
+    grown.grown_from = old  # the trainer tells the new layers from the trained weights (TrainSettings.trained_lr_mult)
     return grown.to(next(draft.parameters()).dtype), grown_cfg
+
+
+def new_layer_parameters(draft: Any) -> list[Any]:
+    """The parameters of the layers `grow_layers` added (none for a draft that did not grow)."""
+    old = getattr(draft, "grown_from", None)
+    if old is None:
+        return []
+    return [p for name, p in draft.named_parameters()
+            if name.startswith("layers.") and int(name.split(".", 2)[1]) >= old]

@@ -233,8 +233,9 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
                                                                      tmp_path: Path, capsys, monkeypatch,
                                                                      single_thread) -> None:
     """A recipe with more layers than the --init draft grows it: the new layer starts as an identity, so
-    the grown draft's held-out τ before training is the first run's final τ; it then trains, saves its
-    wide weights as int8 rows (a third of float32's bytes), exports, and keeps greedy output the target's."""
+    the grown draft's held-out τ before training is the first run's final τ; it then trains (here with the trained
+    weights held: `trained_lr_mult = 0`, so only the new layer moves), saves its wide weights as int8 rows (a third
+    of float32's bytes), exports, and keeps greedy output the target's."""
     import torch
     from safetensors.torch import load_file
 
@@ -251,6 +252,7 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
     first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]["heldout_tau"]
     deeper = _recipe(tmp_path / "b.toml", "dspark", prompts, steps=5).read_text()
     deeper = deeper.replace("layers = 1", "layers = 2").replace('ship_dtype = "float32"', 'ship_dtype = "int8"')
+    deeper = deeper.replace("[train]\n", "[train]\ntrained_lr_mult = 0.0\n")
     (tmp_path / "b.toml").write_text(deeper)
     code, out, err = _run(capsys, *base, "--recipe", str(tmp_path / "b.toml"), "--out", str(tmp_path / "b"),
                           "--init", str(tmp_path / "a" / "checkpoint"))
@@ -264,6 +266,12 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
     stored = load_file(str(ckpt / "model.safetensors"))
     assert stored["layers.1.mlp.down_proj.weight"].dtype == torch.int8
     assert "layers.1.mlp.down_proj.weight_scale" in stored
+    before, after = checkpoint.read_state(tmp_path / "a" / "checkpoint"), checkpoint.read_state(ckpt)
+    for name, w in before.items():  # the trained weights held, but for storage: half an int8 step, float16's rounding
+        w = w.float()
+        step = w.abs().amax(dim=-1, keepdim=True) / 127 if w.dim() == 2 else torch.zeros(())
+        assert ((after[name].float() - w).abs() <= step / 2 + w.abs() * 1e-3 + 1e-6).all(), name
+    assert after["layers.1.mlp.down_proj.weight"].abs().max() > 0  # the new layer learned (it started at zero)
     alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
     spec = SpeculativePipeline.load(tiny_qwen3_target, Path(out[-1]), precision="f32")
     gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
