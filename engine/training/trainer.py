@@ -84,9 +84,9 @@ def train(draft: DFlashV1Draft, data: FlatData, train_rows: torch.Tensor, embed:
     draft.to(dev).train()
     head_ids = {id(p) for p in head_parameters(draft)}
     new = new_layer_parameters(draft)
-    new_ids = {id(p) for p in new}
+    apart = head_ids | {id(p) for p in new}
     trained = cfg.trained_lr_mult if new else 1.0
-    groups = [{"params": [p for p in draft.parameters() if id(p) not in head_ids | new_ids], "mult": trained}]
+    groups = [{"params": [p for p in draft.parameters() if id(p) not in apart], "mult": trained}]
     if new:
         groups.append({"params": new, "mult": 1.0})
     if head_ids:
