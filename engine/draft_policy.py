@@ -71,7 +71,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from statistics import median
+from statistics import median, quantiles
 
 from engine.metrics import PositionCounts
 
@@ -202,10 +202,7 @@ class CostTable:
 
 def _low(values) -> float:
     """The lower quartile (linear between order statistics): a price robust to the calls that ran slow."""
-    xs = sorted(values)
-    at = 0.25 * (len(xs) - 1)
-    i = int(at)
-    return xs[i] if i + 1 >= len(xs) else xs[i] + (xs[i + 1] - xs[i]) * (at - i)
+    return quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
 
 
 def _affine(pts: list[tuple[int, float, int]]) -> tuple[float, float]:
