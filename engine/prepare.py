@@ -138,7 +138,8 @@ def prepare_default(
 # ----------------------------------------------------------------------------- shipped drafts
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "resources" / "drafts"
-DRAFT_WEIGHT_FORMAT = "int8"  # half the bytes of f16 weights read per draft call (docs/benchmarks.md: fp16 against int8)
+DRAFT_WEIGHT_FORMAT = "int8"  # half the bytes of f16 weights read per draft call (docs/benchmarks.md: fp16 against int8);
+# a catalogue model may name another (engine.catalog.CatalogModel.draft_weight_format)
 DRAFT_EXPORT = 2  # 2: symmetric int8 backbones (engine/export/ir.py); a draft exported before is exported again
 
 
@@ -162,10 +163,11 @@ def default_draft_name(prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT"
 
 def prepare_drafts(target: Path, force: bool = False, progress: Progress | None = None, *,
                    prefix: str = DRAFT_PREFIX, default_file: str = "DEFAULT", best_file: str = "best.txt",
-                   notice: Notice | None = None) -> list[Path]:
+                   notice: Notice | None = None, weight_format: str = DRAFT_WEIGHT_FORMAT) -> list[Path]:
     """Export the target's shipped drafts (resources/drafts/<prefix>*) into default_drafts_dir(); mark the best.
 
-    A draft folder is reused while its marker is valid and names the same source checkpoint; the
+    A draft folder is reused while its marker is valid and names the same source checkpoint and
+    `weight_format` (a catalogue model's own, engine.catalog); the
     default draft (`best_file`) is the one resources/drafts/<default_file> names, else the first
     shipped. Each export is checked against the target (check_draft_fits) before it is marked.
     What a person made in a draft folder is never deleted: a draft_vocabulary.json of theirs
@@ -183,9 +185,9 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
         dest = default_drafts_dir() / src.name
         source = ":".join(sha256_file(src / f) for f in ("model.safetensors", "config.json", VOCAB_FILE) if (src / f).is_file())
         marker = read_marker(dest)
-        extra = {"kind": "draft", "source_sha256": source, "weight_format": DRAFT_WEIGHT_FORMAT, "export": DRAFT_EXPORT}
+        extra = {"kind": "draft", "source_sha256": source, "weight_format": weight_format, "export": DRAFT_EXPORT}
         current = (marker.get("builder") == BUILDER and marker.get("builder_version") == BUILDER_VERSION
-                   and marker.get("source_sha256") == source and marker.get("weight_format") == DRAFT_WEIGHT_FORMAT
+                   and marker.get("source_sha256") == source and marker.get("weight_format") == weight_format
                    and marker.get("export") == DRAFT_EXPORT)
         changes = folder_changes(dest)
         if not force and current and changes is not None and not changes.missing and not changes.broken:
@@ -202,7 +204,7 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
             continue
         say(f"Exporting the shipped draft {src.name}", 0.95)
         carried = set_aside_user_work(dest, tell, keep=USER_FILES)
-        export_draft(src, dest, weight_format=DRAFT_WEIGHT_FORMAT)
+        export_draft(src, dest, weight_format=weight_format)
         for rel, data in carried.items():
             (dest / rel).write_bytes(data)
         reasons = check_draft_fits(target, dest)

@@ -449,7 +449,8 @@ def check_tokenizer_against_gguf(tokenizer, gguf_path: Path) -> dict[str, list[i
 
 def _drafts(model: CatalogModel, target: Path, force: bool, say: Progress) -> list[Path]:
     out = prepare_drafts(target, force=force, progress=say, prefix=model.draft_prefix,
-                         default_file=model.default_file_name, best_file=model.best_file_name)
+                         default_file=model.default_file_name, best_file=model.best_file_name,
+                         weight_format=model.draft_weight_format)
     if not out:
         say(f"No shipped draft for {model.title} yet (resources/drafts/{model.draft_prefix}*): the target runs alone",
             None)

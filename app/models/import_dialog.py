@@ -29,7 +29,7 @@ from engine import paths
 K_LAST_FOLDER = "import/last_folder"
 
 FORMAT_HINTS = {
-    "int4": "int4: the smallest and fastest to load; some quality loss (targets only).",
+    "int4": "int4: the smallest and fastest; some quality loss (for a draft: fewer accepted tokens, never other text).",
     "int8": "int8: a quarter of fp32's size, close to fp32 quality. The usual choice.",
     "fp16": "fp16: half of fp32's size, fp32 quality on GPU.",
     "fp32": "fp32: full precision, the largest; for exact comparisons.",
@@ -361,7 +361,7 @@ class ImportDialog(QDialog):
             if isinstance(model, QStandardItemModel) and model.item(i) is not None:
                 model.item(i).setEnabled(ok)
             self.format_combo.setItemData(i, FORMAT_HINTS[fmt] if ok else
-                                          "The draft exporter writes int8, fp16 or fp32.",
+                                          f"This exporter writes {', '.join(allowed)}.",
                                           Qt.ItemDataRole.ToolTipRole)
         default = F.DEFAULT_WEIGHT_FORMAT[info.kind]
         if self.format_combo.currentData() not in allowed or self._formats_for != info.path:

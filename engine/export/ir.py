@@ -23,7 +23,8 @@ from engine.export.markov_head import save_head_ir
 from engine.export.target import swap_into_place
 
 DRAFT_XML = "openvino_model.xml"
-WEIGHT_FORMATS = ("fp32", "fp16", "int8")
+WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
+LM_HEAD_BITS = {"int4": 4}  # config.json "lm_head_bits": how the draft stores the target lm_head rows it grafts
 
 
 def past_input_name(layer: int, kind: str) -> str:
@@ -105,12 +106,26 @@ def make_stateful(ov_model: ov.Model, num_layers: int) -> None:
 def save_ir(ov_model: ov.Model, folder: Path, weight_format: str) -> None:
     """int8: symmetric per output channel (no zero point). It drafts the same tokens as asymmetric int8 and
     its call is cheaper on the CPU (docs/benchmarks.md, "Symmetric int8"); a draft stored as symmetric int8 rows
-    (engine/drafts/checkpoint.py) keeps its own grid instead of being rounded a second time."""
+    (engine/drafts/checkpoint.py) keeps its own grid instead of being rounded a second time.
+    int4: every matrix as symmetric int4 in groups of 128 columns (docs/engine.md, "int4 drafts")."""
     if weight_format == "int8":
         import nncf
 
         ov_model = nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT8_SYM)
+    elif weight_format == "int4":
+        ov_model = _int4_sym(ov_model)
     ov.save_model(ov_model, str(folder / DRAFT_XML), compress_to_fp16=(weight_format == "fp16"))
+
+
+def _int4_sym(ov_model: ov.Model) -> ov.Model:
+    """Symmetric int4, groups of 128 columns (a width 128 does not divide gets a smaller group, not an error),
+    every layer including the first and last: a draft call streams all its weights, so all of them count."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    return nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT4_SYM, ratio=1.0, group_size=128,
+                                 all_layers=True, advanced_parameters=AdvancedCompressionParameters(
+                                     group_size_fallback_mode=GroupSizeFallbackMode.ADJUST))
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +194,10 @@ def write_draft_folder(input_dir: Path, output_dir: Path, config: Mapping[str, A
         save_ir(backbone, tmp, weight_format)
         for name, head in heads.items():
             save_head_ir(head, tmp / name, weight_format)
-        (tmp / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n", encoding="utf-8")
+        saved = dict(config)
+        if weight_format in LM_HEAD_BITS:
+            saved["lm_head_bits"] = LM_HEAD_BITS[weight_format]
+        (tmp / "config.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
         gen_cfg = input_dir / "generation_config.json"
         if gen_cfg.is_file():
             shutil.copy2(gen_cfg, tmp / gen_cfg.name)

@@ -135,8 +135,9 @@ def build_dense_ir(w: HeadWeights) -> ov.Model:
 
 
 def save_head_ir(model: ov.Model, path: Path, weight_format: str = "fp32") -> None:
-    """Save a head IR; fp16 halves the factor tables, int8 compresses them with NNCF like the backbone."""
-    if weight_format == "int8":
+    """Save a head IR; fp16 halves the factor tables, int8 compresses them with NNCF like the backbone (an int4
+    draft's too: the tables are small, and a low-rank factor loses more to int4 than a wide matrix does)."""
+    if weight_format in ("int8", "int4"):
         import nncf
 
         model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)

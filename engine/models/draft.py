@@ -21,6 +21,7 @@ from engine.models.draft_kv import KVInput, externalize_kv, skip_converts, split
 from engine.models.draft_vocab import read_draft_vocabulary, slice_rows
 from engine.models.files import check_folder, read_ir, read_optional_json_object
 from engine.models.folders import TargetFolder, as_target_folder
+from engine.models.int4_head import int4_weight
 from engine.models.target import _lm_head
 
 DRAFT_FILES = ("openvino_model.xml", "openvino_model.bin")
@@ -53,6 +54,7 @@ class DraftInfo:
     confidence_source: str = "none"  # none | backbone | markov_head (DSpark confidence_head_with_markov)
     recommended_candidates: int | None = None  # config.json "num_assistant_tokens": the draft's tuned default
     sliding_window: int | None = None  # config.json: some layers only see keys this close (by slot index)
+    head_bits: int = 8  # config.json "lm_head_bits": 4 stores the grafted sub-vocabulary rows as int4 (int4_head.py)
     model: ov.Model | None = field(default=None, repr=False, compare=False)  # the IR as read (clone it to edit)
 
     @property
@@ -141,6 +143,7 @@ def read_draft_info(folder: Path, core: ov.Core | None = None) -> DraftInfo:
         recommended_candidates=config.get("num_assistant_tokens") if isinstance(config.get("num_assistant_tokens"), int)
         else None,
         sliding_window=_sliding_window(config),
+        head_bits=4 if config.get("lm_head_bits") == 4 else 8,
         confidence_source={"true": "backbone", "markov_head": "markov_head"}.get(
             (_rt(model, "dflash", "confidence_head") or "").lower(), "none"),
         model=model,
@@ -242,6 +245,9 @@ def graft_target_head(draft: ov.Model, target: ov.Model, info: DraftInfo | None 
     weight = head.input_value(1)
     sliced = (slice_rows(weight, vocabulary, int(target.output("logits").get_partial_shape()[2].get_length()))
               if vocabulary is not None and transpose_b else None)
+    if sliced is not None and info is not None and info.head_bits == 4:
+        packed = int4_weight(sliced)
+        sliced = sliced if packed is None else packed
     logits = _to_f32(ops.matmul(hidden, weight if sliced is None else sliced, False, transpose_b).output(0))
     if info is not None and info.output_multiplier != 1.0:
         logits = ops.multiply(logits, ops.constant(np.float32(info.output_multiplier))).output(0)

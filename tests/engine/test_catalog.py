@@ -342,3 +342,13 @@ def test_prepare_keeps_stdout_for_the_path(home: Path, capfd: pytest.CaptureFixt
     out, err = capfd.readouterr()
     assert out == f"{target}\n"
     assert "nncf" in err and "C++ says hello" in err and "On disk: OpenVINO folder" in err
+
+
+def test_each_model_exports_its_drafts_in_its_own_weight_format(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen's drafts as int4 (a draft call that streams its weights from memory), SmolLM2's as int8."""
+    asked: dict[str, str] = {}
+    monkeypatch.setattr(prepare_catalog, "prepare_drafts",
+                        lambda target, **k: asked.__setitem__(k["prefix"], k["weight_format"]) or [target])
+    for model in (QWEN_CODER, SMOLLM2):
+        prepare_catalog._drafts(model, home, False, lambda m, f: None)
+    assert asked == {QWEN_CODER.draft_prefix: "int4", SMOLLM2.draft_prefix: "int8"}

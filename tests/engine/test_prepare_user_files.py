@@ -154,3 +154,21 @@ def test_a_partial_build_has_nothing_of_theirs(tmp_path: Path) -> None:
     (folder / "openvino_model.xml").write_text("<net/>")  # no marker: a build of ours that did not finish
     assert folder_changes(folder) is None
     assert set_aside_user_work(folder, lambda m: pytest.fail(m)) == {} and folder.is_dir()
+
+
+def test_a_catalogue_models_weight_format_reexports_and_keeps_the_persons_vocabulary(shipped, tiny_qwen3_target,
+                                                                                     tmp_path, capfd) -> None:
+    """A draft prepared as int8 and asked for as int4 (engine.catalog's draft_weight_format) is exported again,
+    says so in its marker and config.json, and a draft_vocabulary.json the person made comes through."""
+    [dest] = prepare.prepare_drafts(tiny_qwen3_target)
+    capfd.readouterr()
+    assert main(["draft-vocab", "--draft", str(dest), "--answers",
+                 str(_answers(tmp_path / "a.jsonl", [[5, 6, 7, 8, 9, 10, 11, 12]] * 3)), "--size", "8"]) == 0
+    mine = (dest / VOCAB_FILE).read_bytes()
+    assert prepare.prepare_drafts(tiny_qwen3_target, weight_format="int4") == [dest]
+    assert json.loads((dest / MARKER).read_text())["weight_format"] == "int4"
+    assert json.loads((dest / "config.json").read_text())["lm_head_bits"] == 4
+    assert (dest / VOCAB_FILE).read_bytes() == mine
+    bin_time = (dest / "openvino_model.bin").stat().st_mtime_ns
+    assert prepare.prepare_drafts(tiny_qwen3_target, weight_format="int4") == [dest]  # reused, not exported again
+    assert (dest / "openvino_model.bin").stat().st_mtime_ns == bin_time

@@ -157,6 +157,26 @@ def test_compressed_weight_formats(tmp_path: Path, fmt: str, tol: float) -> None
         assert np.abs(got.infer(feed)["last_hidden_state"] - ref.infer(feed)["last_hidden_state"]).max() < tol
 
 
+def test_int4_stores_every_matrix_in_int4_and_says_so_for_the_head(tmp_path: Path) -> None:
+    """int4: the backbone's matrices as grouped int4 (smaller than int8), its output near fp32's, and config.json
+    asking the loader to store the grafted lm_head rows as int4 too (engine/models/int4_head.py)."""
+    ckpt = _make_ckpt(tmp_path / "ckpt")
+    ref = _request(export_draft(ckpt, tmp_path / "fp32") / DRAFT_XML)
+    int8 = export_draft(ckpt, tmp_path / "int8", weight_format="int8")
+    out = export_draft(ckpt, tmp_path / "int4", weight_format="int4")
+    assert (out / "openvino_model.bin").stat().st_size < (int8 / "openvino_model.bin").stat().st_size
+    model = ov.Core().read_model(str(out / DRAFT_XML))
+    kinds = {op.get_output_element_type(0) for op in model.get_ops() if op.get_type_name() == "Constant"}
+    assert ov.Type.i4 in kinds and ov.Type.i8 not in kinds and ov.Type.u8 not in kinds
+    assert json.loads((out / "config.json").read_text())["lm_head_bits"] == 4
+    assert "lm_head_bits" not in json.loads((int8 / "config.json").read_text())
+    got = _request(out / DRAFT_XML)
+    for _, feed in _feeds([5, 2], block=8, n_ctx=2 * TARGET["hidden_size"]):
+        want = ref.infer(feed)["last_hidden_state"].copy()
+        err = np.abs(got.infer(feed)["last_hidden_state"] - want).max()
+        assert err < 0.1 * np.abs(want).max(), err  # ~3 % here: int4's grid, not a broken graph
+
+
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
     ckpt = _make_ckpt(tmp_path / "a")
     model, cfg = load_checkpoint(ckpt)
