@@ -77,13 +77,19 @@ def test_sliced_lm_head_gives_exactly_the_full_columns(tiny_qwen3_target: Path, 
     np.testing.assert_allclose(out[0][:, ids], out[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("head_bits", [8, 4])
 def test_greedy_output_unchanged_and_candidates_stay_inside(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts,
-                                                            alone, answer_ids, vocab_size) -> None:
+                                                            alone, answer_ids, vocab_size, head_bits) -> None:
+    """Also with the rows stored as int4 (config.json "lm_head_bits": 4, engine/models/int4_head.py)."""
     counts = np.bincount(np.concatenate(answer_ids), minlength=vocab_size)
     ids = np.flatnonzero(counts)[:-3]  # leave out a few answer tokens: they can no longer be drafted
     draft = _with_vocabulary(tiny_qwen3_drafts["b8_trained"], tmp_path / "with-vocab", ids)
+    if head_bits == 4:
+        config = json.loads((draft / "config.json").read_text(encoding="utf-8"))
+        (draft / "config.json").write_text(json.dumps({**config, "lm_head_bits": 4}), encoding="utf-8")
     assert check_draft_fits(tiny_qwen3_target, draft) == []
     pipe = SpeculativePipeline.load(tiny_qwen3_target, draft, precision="f32")
+    assert pipe.draft.info.head_bits == head_bits
     np.testing.assert_array_equal(pipe.draft.vocabulary, np.sort(ids))
     allowed = set(int(i) for i in ids)
     accepted = 0
