@@ -42,7 +42,7 @@ KIND_NONE = "none"  # nothing usable; `reason` says what is missing and what to 
 
 # Weight formats each exporter writes (engine.export.target.WEIGHT_FORMATS, engine.export.draft.WEIGHT_FORMATS)
 # and the app's default for each kind: int8 targets (the CLI's default), int8 drafts (what `prepare`
-# exports the shipped drafts in: a draft call reads half the bytes of fp16).
+# exports SmolLM2's shipped drafts in: a draft call reads half the bytes of fp16; Qwen2.5-Coder's are int4).
 TARGET_WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
 DRAFT_WEIGHT_FORMATS = ("int8", "int4", "fp16", "fp32")
 DEFAULT_WEIGHT_FORMAT = {KIND_TARGET: "int8", KIND_DRAFT: "int8"}
