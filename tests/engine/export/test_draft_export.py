@@ -205,7 +205,7 @@ def test_bad_input_leaves_no_folder(tmp_path: Path) -> None:
         export_draft(ckpt, tmp_path / "ir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     with pytest.raises(ValueError, match="weight_format"):
-        export_draft(ckpt, tmp_path / "ir", weight_format="int4")
+        export_draft(ckpt, tmp_path / "ir", weight_format="int3")
 
 
 def test_failure_during_conversion_keeps_old_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
