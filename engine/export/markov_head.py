@@ -136,7 +136,7 @@ def build_dense_ir(w: HeadWeights) -> ov.Model:
 
 def save_head_ir(model: ov.Model, path: Path, weight_format: str = "fp32") -> None:
     """Save a head IR; fp16 halves the factor tables, int8 compresses them with NNCF like the backbone (an int4
-    draft's too: the tables are small, and a low-rank factor loses more to int4 than a wide matrix does)."""
+    draft's too: the tables are a few MB, so int4 would save little there)."""
     if weight_format in ("int8", "int4"):
         import nncf
 
