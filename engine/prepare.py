@@ -168,7 +168,8 @@ def prepare_drafts(target: Path, force: bool = False, progress: Progress | None 
 
     A draft folder is reused while its marker is valid and names the same source checkpoint and
     `weight_format` (a catalogue model's own, engine.catalog); the default draft (`best_file`) is the
-    one resources/drafts/<default_file> names, else the first shipped. Each export is checked against the target (check_draft_fits) before it is marked.
+    one resources/drafts/<default_file> names, else the first shipped. Each export is checked against
+    the target (check_draft_fits) before it is marked.
     What a person made in a draft folder is never deleted: a draft_vocabulary.json of theirs
     (USER_FILES, from `dflash-studio draft-vocab`) is kept, across re-exports too; any other change
     moves the folder aside before the re-export (`notice` says where).

@@ -35,7 +35,7 @@ def weight_values(weight: ov.Output) -> np.ndarray | None:
         return weight_values(node.input_value(0))
     if kind in _EVAL:
         a, b = weight_values(node.input_value(0)), weight_values(node.input_value(1))
-        return None if a is None or b is None else _EVAL[kind](a, b).astype(np.float32)
+        return None if a is None or b is None else _EVAL[kind](a, b).astype(np.float32, copy=False)
     return None
 
 
@@ -52,8 +52,19 @@ def int4_rows(values: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     grouped = values.reshape(rows, cols // group, group)
     scale = np.abs(grouped).max(axis=2, keepdims=True) / 7.0
     scale[scale == 0] = 1.0  # an all-zero group: any scale gives zeros
-    codes = np.clip(np.rint(grouped / scale), -8, 7).astype(np.int8)
-    return codes, scale.astype(np.float32)
+    codes = grouped / scale  # one temporary, rounded and clipped in place
+    np.clip(np.rint(codes, out=codes), -8, 7, out=codes)
+    return codes.astype(np.int8), scale.astype(np.float32, copy=False)
+
+
+def _i4_constant(codes: np.ndarray) -> ov.Node:
+    """An i4 Constant of `codes` (int8 in -8..7, an even count), packed here two to a byte, low nibble first as
+    OpenVINO stores i4: `ops.constant(codes, ov.Type.i4)` converts element by element, slow enough to show in
+    every draft load."""
+    nibbles = codes.reshape(-1).view(np.uint8) & 0x0F
+    tensor = ov.Tensor(ov.Type.i4, list(codes.shape))
+    tensor.data[:] = (nibbles[0::2] | (nibbles[1::2] << 4)).view(np.int8).reshape(tensor.data.shape)
+    return ov.op.Constant(tensor)
 
 
 def int4_weight(weight: ov.Output) -> ov.Output | None:
@@ -65,5 +76,5 @@ def int4_weight(weight: ov.Output) -> ov.Output | None:
     if group is None:
         return None
     codes, scale = int4_rows(values, group)
-    decoded = ops.multiply(ops.convert(ops.constant(codes, ov.Type.i4), ov.Type.f32), ops.constant(scale))
+    decoded = ops.multiply(ops.convert(_i4_constant(codes), ov.Type.f32), ops.constant(scale))
     return ops.reshape(decoded, ops.constant(np.array(values.shape, np.int64)), False).output(0)
