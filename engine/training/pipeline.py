@@ -575,6 +575,15 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
                 raise TrainDraftError(f"{path}: {e} (the recipe's [draft] layers is {plan.shape.layers})") from None
             note += f", grown to {plan.shape.layers} layers (the new ones start as identities)"
             log(f"draft: {note}")
+        if opts.variant == VARIANT_DSPARK and 0 < int(cfg.get("markov_rank", 0)) != plan.shape.rank:
+            from engine.training.warm_start import grow_markov_rank
+
+            try:
+                draft, cfg = grow_markov_rank(draft, cfg, plan.shape.rank)
+            except ValueError as e:
+                raise TrainDraftError(f"{path}: {e} (the recipe's [draft] markov_rank is {plan.shape.rank})") from None
+            note += f", its Markov head grown to rank {plan.shape.rank} (the new columns start at zero)"
+            log(f"draft: {note}")
         return draft.float(), ship_config(cfg, opts.recipe.draft), note, True
     draft, cfg = fresh_draft(opts.variant, plan, tcfg, opts.recipe)
     note = "fresh"

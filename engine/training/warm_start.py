@@ -1,5 +1,6 @@
 """Warm starts: a DFlash v1 draft's backbone copied into a DSpark or DFlash v2 draft of the same target,
-and a trained draft grown deeper (new layers that start as identities)."""
+a trained draft grown deeper (new layers that start as identities), and a DSpark Markov head grown to a
+higher rank (new rank columns that start at zero)."""
 from __future__ import annotations
 
 import copy
@@ -83,3 +84,53 @@ def new_layer_parameters(draft: Any) -> list[Any]:
         return []
     return [p for name, p in draft.named_parameters()
             if name.startswith("layers.") and int(name.split(".", 2)[1]) >= old]
+
+
+def grow_markov_rank(draft: Any, cfg: dict[str, Any], rank: int) -> tuple[Any, dict[str, Any]]:
+    """A DSpark `draft` whose Markov head has `rank` columns: the trained ones kept, each new predecessor
+    column drawn small and each new successor column zero, so the bias W1[prev] @ W2.T, the gate of a gated
+    head and a Markov-reading confidence head are unchanged and the grown draft drafts exactly what the
+    trained one did. The head costs nothing per step at any rank, where a layer costs a draft call's time;
+    the rank was what a float16 budget left. Returns (draft, config)."""
+    old = int(cfg.get("markov_rank", 0))
+    if old == 0 or getattr(draft, "markov_head", None) is None:
+        raise ValueError("the draft has no Markov head to grow (markov_rank 0)")
+    if rank < old:
+        raise ValueError(f"the Markov head has rank {old}; it can grow, not shrink to {rank}")
+    grown_cfg = copy.deepcopy(cfg)
+    grown_cfg["markov_rank"] = rank
+    grown = type(draft)(grown_cfg)
+    src = draft.state_dict()
+    state = grown.state_dict()
+    h = draft.cfg.hidden_size
+    g = torch.Generator().manual_seed(rank)
+    for k in state:
+        new = state[k]
+        old_t = src[k]
+        if new.shape == old_t.shape:
+            state[k] = old_t
+            continue
+        out = torch.zeros_like(new)
+        if k == "markov_head.markov_w1.weight":  # [V, r]: new predecessor columns small, as a fresh head's
+            out.normal_(0.0, rank ** -0.5, generator=g)
+            out[:, :old] = old_t
+        elif k == "markov_head.markov_w2.weight":  # [V, r]: new successor columns zero -> the bias is unchanged
+            out[:, :old] = old_t
+        elif k in ("markov_head.gate_proj.weight", "markov_head.gate_proj.bias"):
+            # [r, H + r] over cat([h, W1[prev]]): the trained gates read nothing new; new gates start at one half
+            if new.dim() == 2:
+                out[:old, :h + old] = old_t
+            else:
+                out[:old] = old_t
+        elif k == "confidence_head.proj.weight":  # [1, H + r]: the new Markov columns read as zero
+            out[:, :old_t.shape[1]] = old_t
+        else:
+            raise ValueError(f"{k}: shape {tuple(old_t.shape)} -> {tuple(new.shape)} has no growth rule")
+        state[k] = out
+    grown.load_state_dict(state)
+    for name in ("embed_tokens_weight", "lm_head_weight"):
+        if getattr(draft, name, None) is not None:
+            setattr(grown, name, getattr(draft, name))
+    if getattr(draft, "grown_from", None) is not None:
+        grown.grown_from = draft.grown_from
+    return grown.to(next(draft.parameters()).dtype), grown_cfg

@@ -284,6 +284,51 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
     assert code != 0 and "can grow, not shrink" in err
 
 
+def test_a_markov_head_grows_to_the_recipes_rank_from_given_weights(tiny_qwen3_hf: Path, tiny_qwen3_target: Path,
+                                                                    tmp_path: Path, capsys, single_thread) -> None:
+    """A recipe whose markov_rank is above the --init draft's grows the head: the new successor columns start
+    at zero, so the grown draft's held-out τ before training is the first run's final τ (a gated head and a
+    Markov-reading confidence head included); training then moves the new columns, and the exported draft keeps
+    greedy output the target's."""
+    import torch
+
+    from engine.config import GenerationConfig
+    from engine.drafts import checkpoint
+    from engine.pipeline import SpeculativePipeline
+
+    prompts = _prompts_file(tmp_path / "p.jsonl")
+    base = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--device", "cpu"]
+    first_recipe = _recipe(tmp_path / "a.toml", "dspark", prompts, steps=20, head="gated", confidence="markov")
+    code, out, err = _run(capsys, *base, "--recipe", str(first_recipe), "--out", str(tmp_path / "a"), "--no-export")
+    assert code == 0, err
+    first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]["heldout_tau"]
+    (tmp_path / "b.toml").write_text(first_recipe.read_text().replace("markov_rank = 8", "markov_rank = 16")
+                                     .replace("steps = 20", "steps = 5"))
+    code, out, err = _run(capsys, *base, "--recipe", str(tmp_path / "b.toml"), "--out", str(tmp_path / "b"),
+                          "--init", str(tmp_path / "a" / "checkpoint"))
+    assert code == 0, err
+    stage = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]
+    assert "Markov head grown to rank 16" in stage["init"]
+    assert stage["heldout_start"] == pytest.approx(first, abs=1e-6)
+    ckpt = tmp_path / "b" / "checkpoint"
+    assert json.loads((ckpt / "config.json").read_text())["markov_rank"] == 16
+    before, after = checkpoint.read_state(tmp_path / "a" / "checkpoint"), checkpoint.read_state(ckpt)
+    assert before["markov_head.markov_w2.weight"].shape[1] == 8
+    assert after["markov_head.markov_w2.weight"].shape[1] == 16
+    assert after["markov_head.markov_w2.weight"][:, 8:].abs().max() > 0  # the new columns learned (they started at 0)
+    assert not torch.equal(after["markov_head.markov_w2.weight"][:, :8].float(), before["markov_head.markov_w2.weight"].float())
+    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
+    spec = SpeculativePipeline.load(tiny_qwen3_target, Path(out[-1]), precision="f32")
+    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    for prompt in TRAIN_PROMPTS[:2]:
+        assert spec.generate(prompt, gen, chat=True).token_ids == alone.generate(prompt, gen, chat=True).token_ids
+    # a head is not shrunk
+    (tmp_path / "c.toml").write_text(first_recipe.read_text().replace("markov_rank = 8", "markov_rank = 4"))
+    code, _, err = _run(capsys, *base, "--recipe", str(tmp_path / "c.toml"), "--out", str(tmp_path / "c"),
+                        "--init", str(ckpt), "--no-export")
+    assert code != 0 and "can grow, not shrink" in err
+
+
 def test_int8_rows_round_trip_within_half_a_step() -> None:
     """Wide rows go int8 with one scale each and come back within half a quantisation step; narrow
     tables and vectors stay float16; a checkpoint without int8 rows reads back unchanged."""
