@@ -90,8 +90,8 @@ def grow_markov_rank(draft: Any, cfg: dict[str, Any], rank: int) -> tuple[Any, d
     """A DSpark `draft` whose Markov head has `rank` columns: the trained ones kept, each new predecessor
     column drawn small and each new successor column zero, so the bias W1[prev] @ W2.T, the gate of a gated
     head and a Markov-reading confidence head are unchanged and the grown draft drafts exactly what the
-    trained one did. The head costs nothing per step at any rank, where a layer costs a draft call's time;
-    the rank was what a float16 budget left. Returns (draft, config)."""
+    trained one did. The head costs nothing per step at any rank, where a layer costs a draft call's time,
+    so a head sized to an older size budget is the cheaper thing to grow. Returns (draft, config)."""
     old = int(cfg.get("markov_rank", 0))
     if old == 0 or getattr(draft, "markov_head", None) is None:
         raise ValueError("the draft has no Markov head to grow (markov_rank 0)")
