@@ -566,23 +566,15 @@ def stage_draft(opts: RunOptions, plan: Plan, stage: Stage, si: int, prev_dir: P
             raise TrainDraftError(f"{path} is a {variant} draft; this run trains {opts.variant}")
         check_fits(cfg, plan)
         note = f"all weights of {path}"
-        if int(cfg["num_hidden_layers"]) != plan.shape.layers:
-            from engine.training.warm_start import grow_layers
+        from engine.training.warm_start import grow_to_shape
 
-            try:
-                draft, cfg = grow_layers(draft, cfg, plan.shape.layers)
-            except ValueError as e:
-                raise TrainDraftError(f"{path}: {e} (the recipe's [draft] layers is {plan.shape.layers})") from None
-            note += f", grown to {plan.shape.layers} layers (the new ones start as identities)"
-            log(f"draft: {note}")
-        if opts.variant == VARIANT_DSPARK and 0 < int(cfg.get("markov_rank", 0)) != plan.shape.rank:
-            from engine.training.warm_start import grow_markov_rank
-
-            try:
-                draft, cfg = grow_markov_rank(draft, cfg, plan.shape.rank)
-            except ValueError as e:
-                raise TrainDraftError(f"{path}: {e} (the recipe's [draft] markov_rank is {plan.shape.rank})") from None
-            note += f", its Markov head grown to rank {plan.shape.rank} (the new columns start at zero)"
+        try:
+            draft, cfg, grown = grow_to_shape(draft, cfg, plan.shape.layers,
+                                              plan.shape.rank if opts.variant == VARIANT_DSPARK else 0)
+        except ValueError as e:
+            raise TrainDraftError(f"{path}: {e}") from None
+        if grown:
+            note += f", {grown}"
             log(f"draft: {note}")
         return draft.float(), ship_config(cfg, opts.recipe.draft), note, True
     draft, cfg = fresh_draft(opts.variant, plan, tcfg, opts.recipe)

@@ -134,3 +134,20 @@ def grow_markov_rank(draft: Any, cfg: dict[str, Any], rank: int) -> tuple[Any, d
     if getattr(draft, "grown_from", None) is not None:
         grown.grown_from = draft.grown_from
     return grown.to(next(draft.parameters()).dtype), grown_cfg
+
+
+def grow_to_shape(draft: Any, cfg: dict[str, Any], layers: int, rank: int) -> tuple[Any, dict[str, Any], str]:
+    """`draft` grown to the recipe's `layers` and (a DSpark draft with a Markov head; 0 skips it) head `rank`.
+    Returns (draft, config, what grew, "" if nothing); a ValueError names the recipe's keys."""
+    grew = []
+    try:
+        if int(cfg["num_hidden_layers"]) != layers:
+            draft, cfg = grow_layers(draft, cfg, layers)
+            grew.append(f"grown to {layers} layers (the new ones start as identities)")
+        if rank and 0 < int(cfg.get("markov_rank", 0)) != rank:
+            draft, cfg = grow_markov_rank(draft, cfg, rank)
+            grew.append(f"its Markov head grown to rank {rank} (the new columns start at zero)")
+    except ValueError as e:
+        keys = f"layers is {layers}" + (f", markov_rank {rank}" if rank else "")
+        raise ValueError(f"{e} (the recipe's [draft] {keys})") from None
+    return draft, cfg, ", ".join(grew)
