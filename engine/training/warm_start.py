@@ -69,12 +69,18 @@ def grow_layers(draft: Any, cfg: dict[str, Any], layers: int) -> tuple[Any, dict
                 state[k] = torch.zeros_like(state[k]) if rest in ZEROED_IN_NEW_LAYERS else src[f"layers.{old - 1}.{rest}"]
                 continue
         state[k] = src[k]
+    grown = _with_state(draft, grown, state)
+    grown.grown_from = old  # the trainer tells the new layers from the trained weights (TrainSettings.trained_lr_mult)
+    return grown, grown_cfg
+
+
+def _with_state(draft: Any, grown: Any, state: dict[str, Any]) -> Any:
+    """`grown` holding `state`, with `draft`'s copies of the target's tables, in `draft`'s dtype."""
     grown.load_state_dict(state)
     for name in ("embed_tokens_weight", "lm_head_weight"):
         if getattr(draft, name, None) is not None:
             setattr(grown, name, getattr(draft, name))
-    grown.grown_from = old  # the trainer tells the new layers from the trained weights (TrainSettings.trained_lr_mult)
-    return grown.to(next(draft.parameters()).dtype), grown_cfg
+    return grown.to(next(draft.parameters()).dtype)
 
 
 def new_layer_parameters(draft: Any) -> list[Any]:
@@ -127,13 +133,10 @@ def grow_markov_rank(draft: Any, cfg: dict[str, Any], rank: int) -> tuple[Any, d
         else:
             raise ValueError(f"{k}: shape {tuple(old_t.shape)} -> {tuple(new.shape)} has no growth rule")
         state[k] = out
-    grown.load_state_dict(state)
-    for name in ("embed_tokens_weight", "lm_head_weight"):
-        if getattr(draft, name, None) is not None:
-            setattr(grown, name, getattr(draft, name))
+    grown = _with_state(draft, grown, state)
     if getattr(draft, "grown_from", None) is not None:
         grown.grown_from = draft.grown_from
-    return grown.to(next(draft.parameters()).dtype), grown_cfg
+    return grown, grown_cfg
 
 
 def grow_to_shape(draft: Any, cfg: dict[str, Any], layers: int, rank: int) -> tuple[Any, dict[str, Any], str]:
