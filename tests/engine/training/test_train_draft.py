@@ -82,6 +82,37 @@ def _run(capsys, *args: str) -> tuple[int, list[str], str]:
     return code, [x for x in out.out.splitlines() if x.strip()], out.err
 
 
+def _assert_greedy_is_the_targets(target: Path, draft: Path) -> None:
+    """The exported draft keeps greedy output token for token the target alone's (f32, two prompts)."""
+    from engine.config import GenerationConfig
+    from engine.pipeline import SpeculativePipeline
+
+    alone = SpeculativePipeline.load(target, None, precision="f32")
+    spec = SpeculativePipeline.load(target, draft, precision="f32")
+    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    for prompt in TRAIN_PROMPTS[:2]:
+        assert spec.generate(prompt, gen, chat=True).token_ids == alone.generate(prompt, gen, chat=True).token_ids
+
+
+def _final_heldout_tau(capsys, base: list[str], recipe: Path, out: Path) -> dict:
+    """Train `recipe` into `out` (no export) and return its final held-out τ."""
+    code, _, err = _run(capsys, *base, "--recipe", str(recipe), "--out", str(out), "--no-export")
+    assert code == 0, err
+    return json.loads((out / "training.json").read_text())["stages"][0]["heldout_tau"]
+
+
+def _grown_from_first(capsys, base: list[str], recipe: Path, tmp_path: Path, first: dict, grown: str) -> list[str]:
+    """Train `recipe` into tmp_path/b from the first run's checkpoint (tmp_path/a): the record says the draft
+    was `grown`, and its held-out τ before training is the first run's final τ. Returns the run's output lines."""
+    code, out, err = _run(capsys, *base, "--recipe", str(recipe), "--out", str(tmp_path / "b"),
+                          "--init", str(tmp_path / "a" / "checkpoint"))
+    assert code == 0, err
+    stage = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]
+    assert grown in stage["init"]
+    assert stage["heldout_start"] == pytest.approx(first, abs=1e-6)
+    return out
+
+
 @pytest.fixture
 def single_thread():
     import torch
@@ -94,9 +125,6 @@ def single_thread():
 
 @pytest.mark.parametrize("variant", ["dflash_v1", "dspark", "dflash_v2"])
 def test_train_draft_end_to_end(variant: str, tmp_path: Path, capsys, request, single_thread) -> None:
-    from engine.config import GenerationConfig
-    from engine.pipeline import SpeculativePipeline
-
     kind = VARIANT_TARGET[variant]
     hf = request.getfixturevalue(f"tiny_{kind}_hf")
     ir = request.getfixturevalue(f"tiny_{kind}_target")
@@ -118,11 +146,7 @@ def test_train_draft_end_to_end(variant: str, tmp_path: Path, capsys, request, s
     assert record["stages"][0]["data"]["online"] is online and (record["stages"][0]["data"]["feature_gib"] == 0) is online
     assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
     # the output loads in the engine and keeps greedy output the target's own (f32)
-    alone = SpeculativePipeline.load(ir, None, precision="f32")
-    spec = SpeculativePipeline.load(ir, folder, precision="f32")
-    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    for prompt in TRAIN_PROMPTS[:2]:
-        assert spec.generate(prompt, cfg, chat=True).token_ids == alone.generate(prompt, cfg, chat=True).token_ids
+    _assert_greedy_is_the_targets(ir, folder)
 
 
 def test_killed_run_resumes_from_its_checkpoint(tiny_qwen3_hf: Path, tmp_path: Path, capsys, monkeypatch,
@@ -239,27 +263,17 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
     import torch
     from safetensors.torch import load_file
 
-    from engine.config import GenerationConfig
     from engine.drafts import checkpoint
-    from engine.pipeline import SpeculativePipeline
 
     monkeypatch.setattr(checkpoint, "INT8_MIN_COLUMNS", 16)  # the tiny draft's rows are narrow
     prompts = _prompts_file(tmp_path / "p.jsonl")
     base = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--device", "cpu"]
-    code, out, err = _run(capsys, *base, "--recipe", str(_recipe(tmp_path / "a.toml", "dspark", prompts, steps=20)),
-                          "--out", str(tmp_path / "a"), "--no-export")
-    assert code == 0, err
-    first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]["heldout_tau"]
+    first = _final_heldout_tau(capsys, base, _recipe(tmp_path / "a.toml", "dspark", prompts, steps=20), tmp_path / "a")
     deeper = _recipe(tmp_path / "b.toml", "dspark", prompts, steps=5).read_text()
     deeper = deeper.replace("layers = 1", "layers = 2").replace('ship_dtype = "float32"', 'ship_dtype = "int8"')
     deeper = deeper.replace("[train]\n", "[train]\ntrained_lr_mult = 0.0\n")
     (tmp_path / "b.toml").write_text(deeper)
-    code, out, err = _run(capsys, *base, "--recipe", str(tmp_path / "b.toml"), "--out", str(tmp_path / "b"),
-                          "--init", str(tmp_path / "a" / "checkpoint"))
-    assert code == 0, err
-    stage = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]
-    assert "grown to 2 layers" in stage["init"]
-    assert stage["heldout_start"] == pytest.approx(first, abs=1e-6)
+    out = _grown_from_first(capsys, base, tmp_path / "b.toml", tmp_path, first, "grown to 2 layers")
     ckpt = tmp_path / "b" / "checkpoint"
     cfg = json.loads((ckpt / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["weight_storage"] == "int8"
@@ -271,11 +285,7 @@ def test_a_draft_grows_deeper_from_given_weights_and_ships_int8_rows(tiny_qwen3_
     for name, w in stored_before.items():  # the trained weights held: exactly their storage round trip
         assert torch.equal(after[name].float(), w.float()), name
     assert after["layers.1.mlp.down_proj.weight"].abs().max() > 0  # the new layer learned (it started at zero)
-    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
-    spec = SpeculativePipeline.load(tiny_qwen3_target, Path(out[-1]), precision="f32")
-    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    for prompt in TRAIN_PROMPTS[:2]:
-        assert spec.generate(prompt, gen, chat=True).token_ids == alone.generate(prompt, gen, chat=True).token_ids
+    _assert_greedy_is_the_targets(tiny_qwen3_target, Path(out[-1]))
     # a draft is not shrunk
     shallow = deeper.replace("layers = 2", "layers = 1")
     (tmp_path / "c.toml").write_text(shallow)
@@ -292,24 +302,15 @@ def test_a_markov_head_grows_to_the_recipes_rank_from_given_weights(tiny_qwen3_h
     greedy output the target's."""
     import torch
 
-    from engine.config import GenerationConfig
     from engine.drafts import checkpoint
-    from engine.pipeline import SpeculativePipeline
 
     prompts = _prompts_file(tmp_path / "p.jsonl")
     base = ["--target", str(tiny_qwen3_hf), "--variant", "dspark", "--device", "cpu"]
     first_recipe = _recipe(tmp_path / "a.toml", "dspark", prompts, steps=20, head="gated", confidence="markov")
-    code, out, err = _run(capsys, *base, "--recipe", str(first_recipe), "--out", str(tmp_path / "a"), "--no-export")
-    assert code == 0, err
-    first = json.loads((tmp_path / "a" / "training.json").read_text())["stages"][0]["heldout_tau"]
+    first = _final_heldout_tau(capsys, base, first_recipe, tmp_path / "a")
     (tmp_path / "b.toml").write_text(first_recipe.read_text().replace("markov_rank = 8", "markov_rank = 16")
                                      .replace("steps = 20", "steps = 5"))
-    code, out, err = _run(capsys, *base, "--recipe", str(tmp_path / "b.toml"), "--out", str(tmp_path / "b"),
-                          "--init", str(tmp_path / "a" / "checkpoint"))
-    assert code == 0, err
-    stage = json.loads((tmp_path / "b" / "training.json").read_text())["stages"][0]
-    assert "Markov head grown to rank 16" in stage["init"]
-    assert stage["heldout_start"] == pytest.approx(first, abs=1e-6)
+    out = _grown_from_first(capsys, base, tmp_path / "b.toml", tmp_path, first, "Markov head grown to rank 16")
     ckpt = tmp_path / "b" / "checkpoint"
     assert json.loads((ckpt / "config.json").read_text())["markov_rank"] == 16
     before, after = checkpoint.read_state(tmp_path / "a" / "checkpoint"), checkpoint.read_state(ckpt)
@@ -317,11 +318,7 @@ def test_a_markov_head_grows_to_the_recipes_rank_from_given_weights(tiny_qwen3_h
     assert after["markov_head.markov_w2.weight"].shape[1] == 16
     assert after["markov_head.markov_w2.weight"][:, 8:].abs().max() > 0  # the new columns learned (they started at 0)
     assert not torch.equal(after["markov_head.markov_w2.weight"][:, :8].float(), before["markov_head.markov_w2.weight"].float())
-    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
-    spec = SpeculativePipeline.load(tiny_qwen3_target, Path(out[-1]), precision="f32")
-    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    for prompt in TRAIN_PROMPTS[:2]:
-        assert spec.generate(prompt, gen, chat=True).token_ids == alone.generate(prompt, gen, chat=True).token_ids
+    _assert_greedy_is_the_targets(tiny_qwen3_target, Path(out[-1]))
     # a head is not shrunk
     (tmp_path / "c.toml").write_text(first_recipe.read_text().replace("markov_rank = 8", "markov_rank = 4"))
     code, _, err = _run(capsys, *base, "--recipe", str(tmp_path / "c.toml"), "--out", str(tmp_path / "c"),
@@ -355,10 +352,7 @@ def test_train_draft_trains_over_the_sub_vocabulary_it_ships(tiny_qwen3_hf: Path
     """On a target with a large vocabulary (here: a sub-vocabulary of 128 of the tiny 768 forced) the
     run trains and measures the logits over the set the exported draft scores, the loss falls, and
     the draft keeps greedy output the target's own."""
-    from engine.config import GenerationConfig
     from engine.models import draft_vocab
-    from engine.pipeline import SpeculativePipeline
-    from fixtures.tiny_drafts import TRAIN_PROMPTS
 
     monkeypatch.setattr(draft_vocab, "DEFAULT_SIZE", 128)
     recipe = _recipe(tmp_path / "r.toml", "dspark", _prompts_file(tmp_path / "p.jsonl"))
@@ -373,12 +367,7 @@ def test_train_draft_trains_over_the_sub_vocabulary_it_ships(tiny_qwen3_hf: Path
     assert record["heldout_tau"] and all(t >= 1.0 for t in record["heldout_tau"].values())
     vocab = json.loads((tmp_path / "run" / "checkpoint" / "draft_vocabulary.json").read_text())
     assert vocab["size"] == 128
-    folder = Path(out[-1])
-    alone = SpeculativePipeline.load(tiny_qwen3_target, None, precision="f32")
-    spec = SpeculativePipeline.load(tiny_qwen3_target, folder, precision="f32")
-    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    for prompt in TRAIN_PROMPTS[:2]:
-        assert spec.generate(prompt, cfg, chat=True).token_ids == alone.generate(prompt, cfg, chat=True).token_ids
+    _assert_greedy_is_the_targets(tiny_qwen3_target, Path(out[-1]))
 
 
 def test_a_stage_trains_and_ships_the_sub_vocabulary_size_it_names(tiny_qwen3_hf: Path, tmp_path: Path, capsys,
