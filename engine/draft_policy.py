@@ -61,6 +61,19 @@ count, the candidates go to the windows by survival, as above. The count depends
 step's rows besides its windows and how many candidates were drafted, and the allocation to the m largest
 survivals never reaches past a window's first unverified candidate, so sampled output stays exact.
 
+One greedy request alone in its steps is cut differently (`choose_cut`): it drafts its whole block (the
+request's count; under `adaptive` a request that does not say drafts the draft's block, `default_count`) and
+verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced by
+what whole steps that verified it cost lately (draft call, target, host: a longer window costs the host more
+too). Two counts make two call sizes, and the paged target runs each on a compiled model of its own
+(engine/models/paged_target.py, window models), so a change between them costs about a row where on one
+compiled model it costs four; a per-window choice among every count gained little more in a replay of logged
+windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this window's chances at positions past
+the tuned count to decide whether those are verified, which greedy output allows (every committed token is the
+target's own) and the rejection sampler's proof does not: a sampled window keeps the admission above. Where
+the cut does not run (several requests, a sampled or seeded one) an adaptive request drafts at most the tuned
+count: the longer draft did not pay there (docs/benchmarks.md, issue 25).
+
 `adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
 `num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.
 """
@@ -86,6 +99,13 @@ REGIME_HORIZON = 4  # steps over which a change of the regime's verified count m
 # horizon moved on noise in chat's survivals, and each move back costs a change: docs/benchmarks.md, issue 25)
 REGIME_MIN_STEPS = 8  # steps of history before the regime decides (the per-step choice until then)
 SKIP_MARGIN = 0.05  # a step skips its draft call only where the target alone's rate beats drafting's by this much
+
+
+def default_count(policy: str, tuned: int, block: int) -> int:
+    """Candidates a request drafts when it does not say: under `adaptive` the draft's whole block (one greedy
+    request then verifies the tuned count or all of them, the cut; elsewhere it drafts the tuned count), under
+    `always` the draft's tuned count (every drafted candidate costs a verify row there)."""
+    return block if policy == ADAPTIVE else tuned
 
 
 def check_policy(name: object, field_name: str = "draft_policy") -> str:
@@ -510,6 +530,10 @@ class DraftPolicy:
     switch_cost: float = 0.0
     # the regime (module docstring): per earlier step, the running sums of its offers' survivals, largest first
     history: RunningSums = field(default_factory=lambda: RunningSums(64))
+    # the cut (module docstring): whole-step ms (draft, target, host) of recent cut steps that kept their row count,
+    # by the target's rows, and the rows the last cut chose (0: the last choice was not a cut)
+    cut_steps: dict[int, deque[float]] = field(default_factory=dict)
+    cut_rows: int = 0
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0,
@@ -528,6 +552,9 @@ class DraftPolicy:
                     if len(self.changed[r]) >= 2 and len(self.kept.get(r, ())) >= 2]
             self.switch_cost = max(0.0, median(gaps)) if gaps else 0.0
         self.target.observe(rows, target_ms - (self.switch_cost if switched else 0.0), kept=not switched)
+        if self.cut_rows == rows and not switched and host_ms >= 0:
+            self.cut_steps.setdefault(rows, deque(maxlen=16)).append(target_ms + host_ms + draft_ms)
+        self.cut_rows = 0
         if host_ms >= 0:
             self.host.append(host_ms)
         if draft_ms > 0:
@@ -667,6 +694,40 @@ class DraftPolicy:
         switch = self.switch_cost / SWITCH_HORIZON
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
                       + (switch if rows != self.last_rows else 0.0))
+
+    def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
+        """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short`
+        (the draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring).
+        A count's price is the lower quartile of the last whole steps that verified it at an unchanged row count
+        (`cut_steps`), until three did `fixed_ms` plus the cost table's; a change of row count is charged the
+        measured switch cost. Everything while the target's cost is unknown and on the policy's exploring choices
+        (so the long count's price stays fresh where the cut seldom takes it)."""
+        full = len(chances)
+        self.explored = True
+        if full <= short or not self.target.seen:
+            return full
+        self.choices += 1
+        every = self.explore_every
+        if every and (self.choices - 1) % every >= every - min(self.explore_hold, every):
+            self.cut_rows = full + 1
+            return full
+        self.explored = False
+        offer = Offer(0, chances, sampled=False)
+        if False in self.survival:
+            offer = replace(offer, chances=self.survival[False](chances))
+        self._remember([offer])
+        gains = list(accumulate(survivals(offer.chances)))
+        best, best_rate = full, -1.0
+        for m in (short, full):
+            rows = m + 1
+            steps = self.cut_steps.get(rows, ())
+            ms = _low(steps) if len(steps) >= 3 else fixed_ms + self.target.estimate(rows)
+            ms += self.switch_cost if self.last_rows not in (0, rows) else 0.0
+            rate = (1.0 + gains[m - 1]) / ms if ms > 0 else 0.0
+            if rate > best_rate:
+                best, best_rate = m, rate
+        self.cut_rows = best + 1
+        return best
 
     def _remember(self, offers: list[Offer]) -> None:
         run, out = 0.0, []

@@ -24,7 +24,7 @@ from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
-from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, make_policy, survivals
+from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, default_count, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -73,6 +73,7 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     policy: str = ALWAYS  # how much of a drafted window the target verifies (engine/draft_policy.py)
     cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
+    short: int = 0  # adaptive: the draft's tuned count (at most num_candidates), what it drafts where the cut does not run
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -191,8 +192,10 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             largest_call = scheduler.max_num_batched_tokens + scheduler.max_num_seqs  # padding rows included
+            cut = (info.default_candidates + 1, info.max_candidates + 1) if info else ()  # the cut's window sizes
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
-                                 scheduler.cache_size_mb, rows=row_mode(device), max_call_rows=largest_call)
+                                 scheduler.cache_size_mb, rows=row_mode(device), max_call_rows=largest_call,
+                                 window_sizes=cut if scheduler.window_models and cut and cut[0] < cut[1] else ())
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
@@ -281,7 +284,10 @@ class SpeculativePipeline:
         (`candidates` per window: the draft's default when None)."""
         check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
         blocks = self.target.blocks
-        extra = (self.default_num_candidates if candidates is None else candidates) + 1  # the last window's rows
+        if candidates is None and self.draft is not None:  # what a request that does not say drafts
+            info = self.draft.info
+            candidates = default_count(self.scheduler.draft_policy, info.default_candidates, info.max_candidates)
+        extra = (candidates or 0) + 1  # the last window's rows
         need = blocks.blocks_for(prompt_tokens + max_new_tokens + extra)
         if need <= blocks.num_blocks:
             return
@@ -311,7 +317,8 @@ class SpeculativePipeline:
         self._next_id += 1
         metrics = RequestMetrics(draft_name=self.draft_name, device=self.device, prompt_tokens=len(ids))
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
-                       time.perf_counter(), policy=policy, prompt_text=text, spans=spans)
+                       time.perf_counter(), policy=policy, prompt_text=text, spans=spans,
+                       short=min(n, self.draft.info.default_candidates) if self.draft is not None else 0)
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -325,12 +332,13 @@ class SpeculativePipeline:
 
     def _draft_settings(self, config: GenerationConfig, policy: str) -> tuple[int, int]:
         """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit.
-        Unless the request says, both policies draft the draft's tuned count: drafting a full block costs the
-        draft call more than the longer windows it makes possible return (docs/benchmarks.md)."""
+        Unless the request says, `always` drafts the draft's tuned count (drafting a full block costs the draft
+        call and the verify rows more than the longer windows return) and `adaptive` the whole block, which it
+        drafts only where its cut runs (engine/draft_policy.py; docs/benchmarks.md)."""
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or info.default_candidates
+        n = config.num_assistant_tokens or default_count(policy, info.default_candidates, info.max_candidates)
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")
@@ -473,6 +481,12 @@ class SpeculativePipeline:
         """How many candidates the adaptive windows that may open this step draft (engine/draft_policy.py)."""
         live = self._running[: self.scheduler.max_num_seqs]
         opening = [r for r in live if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
+        if len(live) == 1 and opening and self._cut_runs(opening[0]):
+            opening[0].cap = None  # the cut: the whole count, verified short or whole (engine/draft_policy.py)
+            return
+        for r in live:  # a seeded request's count must not depend on the batch: always its tuned count
+            if r.reproducible and r.policy == ADAPTIVE:
+                r.cap = r.short
         cap = self.policy.draft_cap() if opening else None
         if len(live) > 1 and opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
             # a step of decodes only whose every new window is the policy's: does its draft call pay at all? (One
@@ -480,8 +494,14 @@ class SpeculativePipeline:
             base = sum(self._target_rows(1 if r.window is None else len(r.window) - r.window_pos) for r in live)
             if not self.policy.draft_pays(base, float(len(live))):
                 cap = 0
-        for r in opening:
-            r.cap = cap
+        for r in opening:  # where the cut does not run the long draft did not pay: the tuned count at most
+            r.cap = r.short if cap is None else min(cap, r.short)
+
+    @staticmethod
+    def _cut_runs(req: _Request) -> bool:
+        """Whether this request's windows get the cut when it runs alone: greedy, adaptive, drafting more than
+        the tuned count."""
+        return req.policy == ADAPTIVE and not req.config.do_sample and req.num_candidates > req.short
 
     def _choose_windows(self, plan: list[tuple[_Request, int]], drafted_now: set[int], draft_ms: float) -> None:
         """How far the target verifies each window drafted in this step (engine/draft_policy.py): the
@@ -514,7 +534,11 @@ class SpeculativePipeline:
         if len(offers) == 1 and not fixed_rows and getattr(self.target, "pad_matmul_rows", False):
             offers[0][1].padded = True  # a call of one row gets a dummy row: its first candidate is free
         fixed_ms = self.policy.fixed_ms(draft_ms)
-        verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
+        alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
+        if alone is not None and self._cut_runs(alone) and len(offers[0][1].chances) > alone.short:
+            verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
+        else:
+            verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
         for (req, offer), m in zip(offers, verify):
             if not self.policy.explored:
                 capped = req.cap is not None and len(offer.chances) == req.cap < req.num_candidates

@@ -27,6 +27,7 @@ class SchedulerConfig:
     draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "adaptive" what pays (the default), "always" all
     prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
     prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
+    window_models: bool = True  # compile the target once more for each of the cut's two window sizes (CPU; memory)
 
     def validate(self) -> "SchedulerConfig":
         """Raise ValueError naming the field and its allowed range."""
@@ -46,6 +47,8 @@ class SchedulerConfig:
         if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb={self.prefix_cache_mb!r}: use an integer >= 0 (megabytes of cached "
                              "prefixes kept for later requests; 0 keeps none once their requests end).")
+        if not isinstance(self.window_models, bool):
+            raise ValueError(f"window_models={self.window_models!r}: use True or False.")
         return self
 
 

@@ -29,6 +29,14 @@ same kernel, whatever shares its call:
   the lm_head gathers the one row twice.
 "padded" (every chunk a multi-row sequence, one-row chunks padded) is what this replaced, kept for
 `dflash-studio row-invariance`; "plain" sends the chunks as they are (other devices).
+
+Window models (`window_sizes`): a call whose row count differs from the previous call's costs the CPU plugin
+several milliseconds (it prepares every node for the new shape), about four verify rows of a small target. The
+draft policy's cut alternates between two window sizes at one request (engine/draft_policy.py), so the same
+graph is compiled once more per such size, every request bound to the one KV cache (the cache is an input of
+the paged model), and a call of that many rows runs on its own compiled model, which keeps its shape. The same
+graph on the same plugin computes the same rows; the cost is memory (the plugin packs the weights again for the
+first extra model of some targets: docs/benchmarks.md, issue 25).
 """
 from __future__ import annotations
 
@@ -85,7 +93,8 @@ class PagedTarget:
 
     def __init__(self, folder: TargetFolder | Path, core: ov.Core, device: str, properties: dict[str, str],
                  tap_layers: list[int] | None = None, num_blocks: int | None = None,
-                 cache_size_mb: int = 512, rows: str = "split", max_call_rows: int = 0) -> None:
+                 cache_size_mb: int = 512, rows: str = "split", max_call_rows: int = 0,
+                 window_sizes: tuple[int, ...] = ()) -> None:
         from openvino._offline_transformations import paged_attention_transformation
 
         if rows not in ROW_MODES:
@@ -107,6 +116,9 @@ class PagedTarget:
         edit_target_graph(model, self.tap_layers, row_axis=0)
         self.compiled = core.compile_model(model, device, properties)
         self.request = self.compiled.create_infer_request()
+        # one more compiled model per call size the verify windows alternate between (`window_models`)
+        sizes = sorted({int(s) for s in window_sizes if int(s) > 0}) if rows == "split" else []
+        extra = {size: core.compile_model(model, device, properties).create_infer_request() for size in sizes}
         caches = [p for p in self.compiled.inputs if p.get_any_name().startswith(("key_cache.", "value_cache."))]
         unknown = [p.get_any_name() for p in self.compiled.inputs
                    if p.get_any_name() not in PA_INPUTS and p not in caches]
@@ -126,9 +138,12 @@ class PagedTarget:
         for port in caches:
             name = port.get_any_name()
             shape = [self.blocks.num_blocks + 1, *shapes[name]]
-            self.request.set_tensor(name, ov.Tensor(port.get_element_type(), shape))
+            tensor = ov.Tensor(port.get_element_type(), shape)
+            for request in (self.request, *extra.values()):  # one cache, whichever compiled model runs a call
+                request.set_tensor(name, tensor)
         self._zero_cache(...)
         self.inputs = BoundInputs(self.request)
+        self._window_models = {size: BoundInputs(request) for size, request in extra.items()}
         self.inferences = 0
         # A one-row matmul computes a row like a many-row one only under dynamic quantization of every weight,
         # and then only where this CPU's kernels do: an AVX-512 VNNI core gives the same row for one and many,
@@ -253,6 +268,11 @@ class PagedTarget:
                          prompt_rows=None if b <= m and c.prompt_rows is None else (b - a if b <= m else 0))
                 for a, b in zip(cuts, cuts[1:])]
 
+    @property
+    def window_sizes(self) -> tuple[int, ...]:
+        """The call sizes with a compiled model of their own (no change of shape on the main one)."""
+        return tuple(self._window_models)
+
     def call_size(self, chunks: list[SeqChunk]) -> int:
         """The rows one call of these chunks runs (padding and dummy rows counted)."""
         return sum(len(s.ids) for s in self._sequences(chunks)[0])
@@ -286,12 +306,14 @@ class PagedTarget:
             "max_context_len": np.array(max(s.past + n for s, n in zip(subs, lens)), np.int32),
             "logits_indices": gathered if gathered.size else np.zeros(1, np.int64),
         }
-        self.inputs.feed(feeds)
-        self.inputs.run()
+        inputs = self._window_models.get(int(begins[-1]), self.inputs)
+        inputs.feed(feeds)
+        inputs.run()
         self.inferences += 1
-        next_ids = self.request.get_tensor("next_token_ids").data.reshape(-1)
-        logits = self.request.get_tensor("logits").data.reshape(-1, self.vocab_size) if want_logits else None
-        hidden = (self.request.get_tensor("target_hidden").data.reshape(int(begins[-1]), -1)
+        request = inputs.request
+        next_ids = request.get_tensor("next_token_ids").data.reshape(-1)
+        logits = request.get_tensor("logits").data.reshape(-1, self.vocab_size) if want_logits else None
+        hidden = (request.get_tensor("target_hidden").data.reshape(int(begins[-1]), -1)
                   if self.tap_layers else None)
         out = BatchOutput([], [], [])
         at = 0
