@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBo
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
-from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES
+from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES, default_count
 from engine.generation_defaults import DecodingDefaults
 
 # Settings that make up "the decoding": editing one of them is the person's own choice.
@@ -26,7 +26,9 @@ DECODING_KEYS = (S.K_DO_SAMPLE, S.K_TEMPERATURE, S.K_TOP_K, S.K_TOP_P, S.K_MIN_P
 
 SEED_MAX = 2**31 - 1
 NUM_ASSISTANT_TIP = ("num_assistant_tokens: draft tokens proposed per step. The default is a full block when the "
-                     "target verifies what pays, else the draft's own value (its config's num_assistant_tokens).")
+                     "target verifies what pays (one request alone checks the draft's own count or the whole block; "
+                     "beside others it drafts the draft's own count), else the draft's own value (its config's "
+                     "num_assistant_tokens).")
 DRAFT_POLICY_LABELS = {ADAPTIVE: "What pays (adaptive)", ALWAYS: "Every drafted token"}
 DRAFT_POLICY_TIP = ("draft_policy: how many of each step's drafted tokens the target checks. “What pays” (the "
                     "default) checks the ones likely enough to be accepted to be worth their cost (how sure the "
@@ -85,6 +87,7 @@ class GenerationPanel(QGroupBox):
         self._rows: dict[str, QWidget] = {}
         self._draft_loaded = False
         self._default_candidates = 0
+        self._max_candidates = 0
         self._has_head = False
         self._variant: str | None = None
         self._default_top_k = 0
@@ -302,12 +305,13 @@ class GenerationPanel(QGroupBox):
         return str(self.draft_policy.currentData() or DEFAULT_POLICY)
 
     def _update_num_assistant_default(self) -> None:
-        """The drafted count a request gets when it does not say: the draft's own (the engine's rule)."""
+        """The drafted count a request gets when it does not say, under the chosen policy (the engine's rule)."""
         if not self._draft_loaded:
             self.num_assistant.setSpecialValueText("draft's default")
             return
-        if self._default_candidates:
-            text = f"draft's default ({self._default_candidates})"
+        count = default_count(self.policy_name, self._default_candidates, self._max_candidates)
+        if count:
+            text = f"draft's default ({count})"
         else:
             text = "draft's default"
         self.num_assistant.setSpecialValueText(text)
@@ -382,6 +386,7 @@ class GenerationPanel(QGroupBox):
         self._variant = variant if loaded else None
         self._default_top_k = default_top_k
         self._default_candidates = default_candidates
+        self._max_candidates = max_candidates if loaded and max_candidates else 0
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
         self.draft_policy.setEnabled(loaded)

@@ -19,6 +19,7 @@ class BoundInputs:
         self.request = request
         self.types = {p.get_any_name(): p.get_element_type() for p in request.model_inputs}
         self._bound: dict[str, tuple[ov.Tensor, np.ndarray]] = {}
+        self.runs = 0
 
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The bound input `name` with `shape` (a new zeroed tensor when the shape differs), as a
@@ -41,3 +42,4 @@ class BoundInputs:
         """One inference on what is bound (outputs are read from the request afterwards)."""
         self.request.start_async()
         self.request.wait()
+        self.runs += 1

@@ -273,6 +273,10 @@ class PagedTarget:
         """The call sizes with a compiled model of their own (no change of shape on the main one)."""
         return tuple(self._window_models)
 
+    def window_model_calls(self) -> dict[int, int]:
+        """Inferences each window model ran, by its call size."""
+        return {size: inputs.runs for size, inputs in self._window_models.items()}
+
     def call_size(self, chunks: list[SeqChunk]) -> int:
         """The rows one call of these chunks runs (padding and dummy rows counted)."""
         return sum(len(s.ids) for s in self._sequences(chunks)[0])

@@ -132,15 +132,16 @@ def test_engine_refusal_goes_back_to_the_field(make_window, qtbot):
 
 
 def test_draft_tokens_per_step_shows_the_drafts_own_default(make_window, monkeypatch):
-    """The "unset" value names the number the engine will use: the draft's tuned default (3 for the shipped
-    DSpark draft) under either policy; "what pays" is the default, and a choice is kept in the settings."""
+    """The "unset" value names the number the engine will use: the draft's whole block (7) under "what pays" (the
+    default: one request alone verifies the tuned count or the block), its tuned default (3 for the shipped DSpark
+    draft) under "every drafted token"; a choice is kept in the settings."""
     from app.fake_engine import FakePipeline
 
     monkeypatch.setattr(FakePipeline, "default_num_candidates", property(lambda self: 3))
     w = make_window()
     g = w.gen_panel
     assert w.engine_info.draft.default_candidates == 3 and w.engine_info.draft.max_candidates == 7
-    assert g.num_assistant.value() == 0 and g.num_assistant.specialValueText() == "draft's default (3)"
+    assert g.num_assistant.value() == 0 and g.num_assistant.specialValueText() == "draft's default (7)"
     assert g.config(with_draft=True).draft_policy == "adaptive"
     g.draft_policy.setCurrentIndex(g.draft_policy.findData("always"))
     assert g.num_assistant.specialValueText() == "draft's default (3)"

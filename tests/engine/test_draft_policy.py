@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import GenerationConfig
 from engine.draft_policy import (ADAPTIVE, ALWAYS, REGIME_MIN_STEPS, Calibration, CostTable, DraftPolicy, Offer,
-                                 make_policy, survivals)
+                                 default_count, make_policy, survivals)
 from engine.metrics import PositionCounts
 from engine.scheduler import SchedulerConfig
 
@@ -321,6 +321,48 @@ def test_chances_come_from_the_confidence_else_from_the_requests_history() -> No
     assert p.chances(1, False, None, PositionCounts())[0] < 0.1
     assert p.chances(1, True, None, PositionCounts()) == pytest.approx([0.6])  # sampled requests count apart
     assert survivals([0.5, 0.5, 1.0]) == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_the_cut_verifies_the_tuned_count_or_the_whole_block_whichever_pays() -> None:
+    """One greedy window alone in its step, drafted long (8), tuned count 3: cheap rows verify the block, dear rows
+    and low confidence the tuned count; a confident window pays for dear rows; a change of row count is charged."""
+    confident, doubtful = [0.95] * 8, [0.9, 0.9, 0.9] + [0.3] * 5
+    flat = _policy(lambda r: 10.0 + 0.01 * r)
+    assert flat.choose_cut(doubtful, 3, 3.0) == 8  # rows nearly free: even 0.3s are worth them
+    dear = _policy(lambda r: 10.0 + 2.0 * r)
+    assert dear.choose_cut(doubtful, 3, 3.0) == 3
+    assert dear.choose_cut(confident, 3, 3.0) == 8
+    assert dear.choose_cut([0.95] * 3, 3, 3.0) == 3  # nothing past the tuned count drafted: nothing to cut
+    mid = _policy(lambda r: 10.0 + 1.0 * r)  # 0.9^3 then 0.7s: the block pays a little more per ms...
+    leaning = [0.9, 0.9, 0.9] + [0.7] * 5
+    mid.last_rows = 4
+    assert mid.choose_cut(leaning, 3, 3.0) == 8
+    mid.switch_cost, mid.last_rows = 3.0, 4  # ...but not a 3 ms change from the tuned count's calls
+    assert mid.choose_cut(leaning, 3, 3.0) == 3
+    mid.last_rows = 9
+    assert mid.choose_cut(leaning, 3, 3.0) == 8
+
+
+def test_the_cut_prices_each_count_by_the_whole_steps_that_verified_it() -> None:
+    """The cost table says the block pays; whole steps that verified it (kept row count) say they cost more than
+    the table's target ms plus the draft call: from the third such step the cut follows the steps."""
+    p = _policy(lambda r: 10.0 + 1.0 * r)
+    leaning = [0.9, 0.9, 0.9] + [0.7] * 5
+    p.last_rows = 9
+    assert p.choose_cut(leaning, 3, 3.0) == 8
+    for _ in range(3):
+        assert p.cut_rows == 9  # the choice tells the next step what it priced
+        p.observe_step(9, 19.0, 9.0, 3.0)  # the host spent 9 ms on the long window's rows
+        p.cut_rows = 9
+        p.choose_cut(leaning, 3, 3.0)
+    p.cut_rows = 0
+    assert sorted(p.cut_steps) == [9] and len(p.cut_steps[9]) == 3
+    assert p.choose_cut(leaning, 3, 3.0) == 3
+    assert p.cut_rows == 4
+
+
+def test_an_adaptive_request_that_does_not_say_drafts_the_block_and_always_the_tuned_count() -> None:
+    assert default_count(ADAPTIVE, 3, 8) == 8 and default_count(ALWAYS, 3, 8) == 3
 
 
 def test_the_policy_is_a_setting_of_the_scheduler_and_of_each_request() -> None:

@@ -225,9 +225,10 @@ def test_draft_state_compaction_keeps_output_exact(monkeypatch, tiny_qwen3_targe
     assert spec.drafts.compactions > 0 and not spec.drafts.serial
 
 
-def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts) -> None:
-    """A draft's config.json "num_assistant_tokens" is its tuned default under either policy; a request may
-    still ask for more."""
+def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, tiny_qwen3_drafts, qwen_alone) -> None:
+    """A draft's config.json "num_assistant_tokens" is its tuned default: what `always` drafts, and what
+    `adaptive` drafts beside other requests or for a sampled one; one greedy request alone under `adaptive` drafts
+    the whole block (the cut). A request may still ask for more."""
     import shutil
 
     folder = tmp_path / "tuned"
@@ -241,7 +242,20 @@ def test_draft_config_sets_the_default_candidates(tmp_path, tiny_qwen3_target, t
     assert len(out.metrics.position_verified) == 2
     out = spec.generate(PROMPTS[1], always.copy(num_assistant_tokens=5), chat=False)
     assert len(out.metrics.position_verified) == 5
+    adaptive = always.copy(draft_policy="adaptive")
     events = []
-    spec.generate(PROMPTS[1], always.copy(draft_policy="adaptive"), chat=False, on_event=events.append)
+    spec.generate(PROMPTS[1], adaptive, chat=False, on_event=events.append)
     proposed = [e.window_proposed for e in events if e.window_proposed]
-    assert proposed[0] == 2 and max(proposed) == 2
+    assert proposed[0] == 7 and set(proposed[:-1]) == {7}  # the last window stops at max_new_tokens
+    events = []
+    spec.generate(PROMPTS[1], adaptive.copy(do_sample=True, temperature=0.8), chat=False, on_event=events.append)
+    assert max(e.window_proposed for e in events) == 2  # at most: the policy's draft cap may ask for fewer
+    rids = [spec.add_request(p, adaptive, chat=False) for p in PROMPTS[:2]]
+    together = []
+    while spec.has_unfinished():
+        events = spec.step()
+        if len(spec.last_step.requests) == 2:
+            together += [e.window_proposed for e in events if e.window_proposed]
+    assert together and max(together) == 2
+    assert [spec.result(r).token_ids for r in rids] == [qwen_alone.generate(p, adaptive, chat=False).token_ids
+                                                          for p in PROMPTS[:2]]

@@ -6,6 +6,8 @@ cuts are counted as drafted, verified and accepted.
 Tiny fixtures at f32; costs are frozen where a test is about the choice (this machine's timings are not)."""
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -189,6 +191,65 @@ def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, 
             # where a one-row call gets a padding or dummy row, the first candidate rides on it
             assert len(e.drafted) == max(first_doubtful, int(padded)), (conf, len(e.drafted))
     assert len({len(e.drafted) for e in opened}) >= 2
+
+
+@pytest.fixture(scope="module")
+def tuned_dspark(dspark_trained: Path, tmp_path_factory) -> Path:
+    """The trained DSpark fixture with a tuned count of 2 (config.json "num_assistant_tokens") below its block."""
+    folder = tmp_path_factory.mktemp("tuned") / "dspark-tuned"
+    shutil.copytree(dspark_trained, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, num_assistant_tokens=2)))
+    return folder
+
+
+def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_window_models(
+        tuned_dspark, alone, tiny_qwen3_target) -> None:
+    """The cut: alone in its steps, a greedy `adaptive` request that does not say drafts the whole block and the
+    target verifies the tuned count or all of it. With sharp chances (confident 0.95, doubtful 0.05) on frozen
+    costs, a window confident all the way is verified whole and one whose first candidate is doubtful only to
+    the tuned count; calls of either size ran on their own compiled models, and every request equals the
+    target alone (which has none)."""
+    cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
+    seen: list[list[float]] = []
+
+    class Sharp(FrozenPolicy):
+        def chances(self, n, sampled, peak, history, reproducible=False):
+            seen.append(list(peak[:n]))
+            return [0.95 if c >= CUT else 0.05 for c in peak[:n]]
+
+    values = []
+    probe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32",
+                                     scheduler=SchedulerConfig(window_models=False))
+    assert probe.target.window_sizes == ()
+    for p in PROMPTS:
+        probe.generate(p, cfg.copy(draft_policy=ALWAYS, num_assistant_tokens=7), chat=False,
+                       on_event=lambda e: values.extend(e.peak or []))
+    CUT = float(np.quantile(values, 0.25))  # a quarter of the candidates are doubtful
+    pipe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32")
+    block, short = pipe.draft.info.max_candidates, pipe.draft.info.default_candidates
+    assert short == 2 < block and pipe.target.window_sizes == (short + 1, block + 1)
+    pipe.policy = Sharp(lambda r: 10.0 + 2.0 * r)
+    verified = []
+    for p in PROMPTS:
+        seen.clear()
+        events = []
+        res = pipe.generate(p, cfg, chat=False, on_event=events.append)
+        assert res.token_ids == alone.generate(p, cfg, chat=False).token_ids
+        opened = [e for e in events if e.window_proposed]
+        assert len(opened) == len(seen)
+        for e, conf in zip(opened, seen):
+            if len(conf) < block:  # the last window, cut short by max_new_tokens
+                continue
+            assert e.window_proposed == block and len(e.drafted) in (short, block)
+            if min(conf) >= CUT:
+                assert len(e.drafted) == block, conf
+            if conf[0] < CUT:
+                assert len(e.drafted) == short, conf
+            verified.append(len(e.drafted))
+    assert set(verified) == {short, block}
+    calls = pipe.target.window_model_calls()
+    assert calls[short + 1] > 0 and calls[block + 1] > 0
 
 
 def test_a_seeded_sampled_request_gives_the_same_text_in_any_batch(request, tiny_qwen3_target) -> None:
