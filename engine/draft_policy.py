@@ -44,9 +44,10 @@ the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-re
 and the draft's raw peak probabilities or its own acceptance so far, which depend only on its own tokens,
 and it always drafts its full count (a block of another length drafts other candidates).
 
-A target call whose row count differs from the previous call's costs more on a CPU (the plugin prepares every
-node for the new shape): the policy measures that extra and charges a change of row count all of it, so a
-step keeps the last call's row count unless another pays more than the change costs. (A quarter of it, as if a
+A target call whose row count differs from the previous call's on the same compiled model costs more on a CPU
+(the plugin prepares every node for the new shape): the policy measures that extra and charges a change of row
+count all of it, so a step keeps the last call's row count unless another pays more than the change costs. A
+call size with a compiled model of its own (`own_models`, the paged target's window models) never changes shape. (A quarter of it, as if a
 new count paid back over four steps, under-priced it: a new count rarely lasted four steps, each change was
 paid in full, and at one request the policy ran 0.86x (HumanEval) and 0.90x (MT-Bench) of `always` at the
 same count while verifying about as many; docs/benchmarks.md, issue 25.)
@@ -522,9 +523,13 @@ class DraftPolicy:
     survival: dict[bool, SurvivalScale] = field(default_factory=dict)  # greedy and sampled apart
     pooled: dict[bool, PositionCounts] = field(default_factory=dict)
     choices: int = 0
-    # A target call whose row count differs from the one before costs more (the CPU plugin prepares every node
-    # for the new shape): its ms by rows, apart from calls that kept the count, and the extra they show.
+    # A target call whose row count differs from the one before on its compiled model costs more (the CPU plugin
+    # prepares every node for the new shape): its ms by rows, apart from calls that kept the count, and the extra
+    # they show. A call size in `own_models` runs on a compiled model of its own (the paged target's window models),
+    # which never changes shape; `main_rows` is the last row count of the main one.
     last_rows: int = 0
+    main_rows: int = 0
+    own_models: frozenset[int] = frozenset()
     kept: dict[int, deque[float]] = field(default_factory=dict)
     changed: dict[int, deque[float]] = field(default_factory=dict)
     switch_cost: float = 0.0
@@ -542,10 +547,12 @@ class DraftPolicy:
         nothing), and what the step spent besides its inferences. `plain`: a step of one-row decodes only (what a
         step that skips its draft call runs), kept apart by rows: the cost table's price of as many rows comes from
         windows of one request too, whose attention reads one context where these read one per request."""
-        switched = self.last_rows not in (0, rows)
+        switched = self.changes(rows)
         if plain and not switched:
             self.plain.setdefault(rows, deque(maxlen=8)).append(target_ms)
         self.last_rows = rows
+        if rows not in self.own_models:
+            self.main_rows = rows
         (self.changed if switched else self.kept).setdefault(rows, deque(maxlen=16)).append(target_ms)
         if switched:
             gaps = [median(self.changed[r]) - median(self.kept[r]) for r in self.changed
@@ -571,6 +578,14 @@ class DraftPolicy:
             self._calibration(sampled).observe(peak[:verified], accepted, predicted)
         if predicted:
             self.survival.setdefault(sampled, SurvivalScale()).observe(predicted, verified, accepted)
+
+    def changes(self, rows: int) -> bool:
+        """Whether a target call of `rows` rows changes its compiled model's shape (what the switch charge prices):
+        never on a window model of its own, on the main one where its last call had another row count."""
+        if rows in self.own_models:
+            return False
+        main = self.main_rows if self.last_rows in self.own_models else self.last_rows
+        return main not in (0, rows)
 
     # ---- what to expect -----------------------------------------------------------------------
     def chances(self, n: int, sampled: bool, peak: list[float] | None, history: PositionCounts,
@@ -693,7 +708,7 @@ class DraftPolicy:
             return _top(offers, m)
         switch = self.switch_cost / SWITCH_HORIZON
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
-                      + (switch if rows != self.last_rows else 0.0))
+                      + (switch if self.changes(rows) else 0.0))
 
     def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
         """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short`
@@ -722,7 +737,7 @@ class DraftPolicy:
             rows = m + 1
             steps = self.cut_steps.get(rows, ())
             ms = _low(steps) if len(steps) >= 3 else fixed_ms + self.target.estimate(rows)
-            ms += self.switch_cost if self.last_rows not in (0, rows) else 0.0
+            ms += self.switch_cost if self.changes(rows) else 0.0
             rate = (1.0 + gains[m - 1]) / ms if ms > 0 else 0.0
             if rate > best_rate:
                 best, best_rate = m, rate
@@ -758,7 +773,7 @@ class DraftPolicy:
             rate[m] = (tokens0 + gain, fixed_ms + self.target.estimate(base + m))
         best = max(rate, key=lambda m: (rate[m][0] / rate[m][1], -m))
         keep = self.last_rows - base
-        if keep == best or keep not in rate:
+        if keep == best or keep not in rate or not self.changes(base + best):
             return best
         (tb, cb), (tk, ck) = rate[best], rate[keep]
         h = REGIME_HORIZON

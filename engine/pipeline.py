@@ -24,7 +24,7 @@ from engine.errors import ContextLengthError, DeviceError, DraftMismatchError
 from engine.description import DraftDescription, EngineDescription
 from engine.generate import generate
 from engine.events import GenerationResult, StepEvent, StepTimings
-from engine.draft_policy import ADAPTIVE, ALWAYS, Offer, default_count, make_policy, survivals
+from engine.draft_policy import ADAPTIVE, ALWAYS, DraftPolicy, Offer, default_count, make_policy, survivals
 from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
@@ -156,6 +156,7 @@ class SpeculativePipeline:
         self.drafts = make_draft_batch(draft) if draft is not None else None
         self.precision = precision
         self.scheduler = replace(scheduler or SchedulerConfig()).validate()  # own copy: caching switches on it
+        self._policy: DraftPolicy | None = None
         self.policy = make_policy(self.scheduler.draft_policy) if self.drafts is not None else None
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -203,6 +204,17 @@ class SpeculativePipeline:
             raise DeviceError(f"Could not compile the models on {device}: {openvino_reason(exc)}. "
                               f"{fix[0].upper()}{fix[1:]}.") from exc
         return cls(target, TextTokenizer(target_dir), draft, precision, scheduler)
+
+    @property
+    def policy(self) -> DraftPolicy | None:
+        """The adaptive policy's state (the bench swaps one in per configuration)."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, state: DraftPolicy | None) -> None:
+        if state is not None:  # the call sizes that never change shape: the target's window models
+            state.own_models = frozenset(getattr(self.target, "window_sizes", ()))
+        self._policy = state
 
     # ---- properties the app shows -------------------------------------------------------------
     @property

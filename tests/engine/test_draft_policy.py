@@ -341,6 +341,20 @@ def test_the_cut_verifies_the_tuned_count_or_the_whole_block_whichever_pays() ->
     assert mid.choose_cut(leaning, 3, 3.0) == 3
     mid.last_rows = 9
     assert mid.choose_cut(leaning, 3, 3.0) == 8
+    mid.last_rows, mid.own_models = 4, frozenset({4, 9})  # each window size on a compiled model of its own
+    assert mid.choose_cut(leaning, 3, 3.0) == 8  # no change of shape to pay for
+
+
+def test_a_call_on_a_window_model_of_its_own_never_changes_shape() -> None:
+    """The main compiled model changes shape only between its own calls: calls of 4 and 9 rows on window models
+    between two main calls of 12 rows do not make the second a change, nor are they changes themselves."""
+    p = DraftPolicy(own_models=frozenset({4, 9}))
+    for rows, ms in ((12, 20.0), (12, 20.0), (4, 12.0), (9, 17.0), (4, 12.0), (12, 20.0), (9, 17.0)):
+        p.observe_step(rows, ms, 0.5)
+    assert not p.changed and sorted(p.kept) == [4, 9, 12] and p.switch_cost == 0.0
+    assert not p.changes(12) and p.changes(16) and not p.changes(4)
+    p.observe_step(16, 30.0, 0.5)
+    assert list(p.changed) == [16] and p.changes(12) and not p.changes(9)
 
 
 def test_the_cut_prices_each_count_by_the_whole_steps_that_verified_it() -> None:
