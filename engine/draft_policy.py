@@ -65,8 +65,7 @@ survivals never reaches past a window's first unverified candidate, so sampled o
 One greedy request alone in its steps is cut differently (`choose_cut`): it drafts its whole block (the
 request's count; under `adaptive` a request that does not say drafts the draft's block, `default_count`) and
 verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced by
-what whole steps that verified it cost lately (draft call, target, host: a longer window costs the host more
-too). Two counts make two call sizes, and the paged target runs each on a compiled model of its own
+what the target's calls of that size cost lately. Two counts make two call sizes, and the paged target runs each on a compiled model of its own
 (engine/models/paged_target.py, window models), so a change between them costs about a row where on one
 compiled model it costs four; a per-window choice among every count gained little more in a replay of logged
 windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this window's chances at positions past
@@ -535,8 +534,8 @@ class DraftPolicy:
     switch_cost: float = 0.0
     # the regime (module docstring): per earlier step, the running sums of its offers' survivals, largest first
     history: RunningSums = field(default_factory=lambda: RunningSums(64))
-    # the cut (module docstring): whole-step ms (draft, target, host) of recent cut steps that kept their row count,
-    # by the target's rows, and the rows the last cut chose (0: the last choice was not a cut)
+    # the cut (module docstring): the target's ms in recent cut steps that kept their row count, by rows, and the
+    # rows the last cut chose (0: the last choice was not a cut)
     cut_steps: dict[int, deque[float]] = field(default_factory=dict)
     cut_rows: int = 0
 
@@ -559,8 +558,8 @@ class DraftPolicy:
                     if len(self.changed[r]) >= 2 and len(self.kept.get(r, ())) >= 2]
             self.switch_cost = max(0.0, median(gaps)) if gaps else 0.0
         self.target.observe(rows, target_ms - (self.switch_cost if switched else 0.0), kept=not switched)
-        if self.cut_rows == rows and not switched and host_ms >= 0:
-            self.cut_steps.setdefault(rows, deque(maxlen=16)).append(target_ms + host_ms + draft_ms)
+        if self.cut_rows == rows and not switched:
+            self.cut_steps.setdefault(rows, deque(maxlen=16)).append(target_ms)
         self.cut_rows = 0
         if host_ms >= 0:
             self.host.append(host_ms)
@@ -710,13 +709,17 @@ class DraftPolicy:
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
                       + (switch if self.changes(rows) else 0.0))
 
-    def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
+    def choose_cut(self, chances: list[float], short: int, fixed_ms: float, peak: list[float] | None = None) -> int:
         """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short`
         (the draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring).
-        A count's price is the lower quartile of the last whole steps that verified it at an unchanged row count
-        (`cut_steps`), until three did `fixed_ms` plus the cost table's; a change of row count is charged the
-        measured switch cost. Everything while the target's cost is unknown and on the policy's exploring choices
-        (so the long count's price stays fresh where the cut seldom takes it)."""
+        A count's price is `fixed_ms` plus the lower quartile of the target's ms in the last cut steps that verified
+        it at an unchanged row count (`cut_steps`; until three did, the cost table's); a change of row count is
+        charged the measured switch cost. Past the tuned count only windows the cut verified whole were seen, a
+        sample chosen for being sure (their earlier candidates too), so what was learned there would make every
+        window's later candidates look likelier than they are: with the draft's `peak` probabilities, a candidate
+        past the tuned count is read through the calibration of the last position every window reaches, and the
+        survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
+        the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
         full = len(chances)
         self.explored = True
         if full <= short or not self.target.seen:
@@ -727,16 +730,19 @@ class DraftPolicy:
             self.cut_rows = full + 1
             return full
         self.explored = False
-        offer = Offer(0, chances, sampled=False)
-        if False in self.survival:
-            offer = replace(offer, chances=self.survival[False](chances))
+        scale = self.survival.get(False)
+        later = chances[short:]
+        if peak and len(peak) >= full and False in self.calibration:
+            cal = self.calibration[False]
+            later = [cal(short - 1, float(c)) for c in peak[short:full]]
+        offer = Offer(0, (scale(chances[:short]) if scale else chances[:short]) + later, sampled=False)
         self._remember([offer])
         gains = list(accumulate(survivals(offer.chances)))
         best, best_rate = full, -1.0
         for m in (short, full):
             rows = m + 1
             steps = self.cut_steps.get(rows, ())
-            ms = _low(steps) if len(steps) >= 3 else fixed_ms + self.target.estimate(rows)
+            ms = fixed_ms + (_low(steps) if len(steps) >= 3 else self.target.estimate(rows))
             ms += self.switch_cost if self.changes(rows) else 0.0
             rate = (1.0 + gains[m - 1]) / ms if ms > 0 else 0.0
             if rate > best_rate:

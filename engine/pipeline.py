@@ -548,7 +548,7 @@ class SpeculativePipeline:
         fixed_ms = self.policy.fixed_ms(draft_ms)
         alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
         if alone is not None and self._cut_runs(alone) and len(offers[0][1].chances) > alone.short:
-            verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
+            verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms, alone.peak)]
         else:
             verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
         for (req, offer), m in zip(offers, verify):

@@ -357,20 +357,22 @@ def test_a_call_on_a_window_model_of_its_own_never_changes_shape() -> None:
     assert list(p.changed) == [16] and p.changes(12) and not p.changes(9)
 
 
-def test_the_cut_prices_each_count_by_the_whole_steps_that_verified_it() -> None:
-    """The cost table says the block pays; whole steps that verified it (kept row count) say they cost more than
-    the table's target ms plus the draft call: from the third such step the cut follows the steps."""
+def test_the_cut_prices_each_count_by_the_targets_recent_calls_of_its_size() -> None:
+    """The cost table says the block pays; the target's calls of the block's size in cut steps (kept row count)
+    say they cost more: from the third such call the cut follows them. A step's draft and host time, whatever
+    the window, is not the block's price (a draft call after a long accepted window reads more rows)."""
     p = _policy(lambda r: 10.0 + 1.0 * r)
+    p.own_models = frozenset({4, 9})  # each size on a window model: alternating keeps both shapes
     leaning = [0.9, 0.9, 0.9] + [0.7] * 5
-    p.last_rows = 9
     assert p.choose_cut(leaning, 3, 3.0) == 8
     for _ in range(3):
         assert p.cut_rows == 9  # the choice tells the next step what it priced
-        p.observe_step(9, 19.0, 9.0, 3.0)  # the host spent 9 ms on the long window's rows
-        p.cut_rows = 9
+        p.observe_step(9, 27.0, 40.0, 30.0)  # a slow host and draft call: not the window's price
+        p.cut_rows = 4
+        p.observe_step(4, 14.0, 0.5, 3.0)
         p.choose_cut(leaning, 3, 3.0)
     p.cut_rows = 0
-    assert sorted(p.cut_steps) == [9] and len(p.cut_steps[9]) == 3
+    assert sorted(p.cut_steps) == [4, 9] and list(p.cut_steps[9]) == [27.0] * 3
     assert p.choose_cut(leaning, 3, 3.0) == 3
     assert p.cut_rows == 4
 
