@@ -42,15 +42,16 @@ A sampled request with a fixed seed (`rng_seed`) must give the same text whateve
 and the rejection sampler draws differently for a window cut elsewhere; so its windows are cut by
 the same rule on fixed costs (`REPRODUCIBLE_ROW_COST`: a row's share of a one-request step on a CPU)
 and the draft's raw peak probabilities or its own acceptance so far, which depend only on its own tokens,
-and it always drafts its full count (a block of another length drafts other candidates).
+and it always drafts its full count, at most the draft's tuned count under `adaptive` (a block of another
+length drafts other candidates).
 
 A target call whose row count differs from the previous call's on the same compiled model costs more on a CPU
 (the plugin prepares every node for the new shape): the policy measures that extra and charges a change of row
-count all of it, so a step keeps the last call's row count unless another pays more than the change costs. A
-call size with a compiled model of its own (`own_models`, the paged target's window models) never changes shape. (A quarter of it, as if a
-new count paid back over four steps, under-priced it: a new count rarely lasted four steps, each change was
-paid in full, and at one request the policy ran 0.86x (HumanEval) and 0.90x (MT-Bench) of `always` at the
-same count while verifying about as many; docs/benchmarks.md, issue 25.)
+count all of it, so a step keeps the last call's row count unless another pays more than the change costs. (A
+quarter of it, as if a new count paid back over four steps, under-priced it: a new count rarely lasted four
+steps, each change was paid in full, and at one request the policy ran 0.86x (HumanEval) and 0.90x (MT-Bench) of
+`always` at the same count while verifying about as many; docs/benchmarks.md, issue 25.) A call size with a
+compiled model of its own (`own_models`, the paged target's window models) never changes shape.
 
 Where a change costs more than a row, the step's verified count is not chosen step by step at all: a
 per-step choice charged the whole change kept whatever count it started at (a window of 6 rows on MT-Bench,
@@ -64,15 +65,15 @@ survivals never reaches past a window's first unverified candidate, so sampled o
 
 One greedy request alone in its steps is cut differently (`choose_cut`): it drafts its whole block (the
 request's count; under `adaptive` a request that does not say drafts the draft's block, `default_count`) and
-verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced by
-what the target's calls of that size cost lately. Two counts make two call sizes, and the paged target runs each on a compiled model of its own
-(engine/models/paged_target.py, window models), so a change between them costs about a row where on one
-compiled model it costs four; a per-window choice among every count gained little more in a replay of logged
-windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this window's chances at positions past
-the tuned count to decide whether those are verified, which greedy output allows (every committed token is the
-target's own) and the rejection sampler's proof does not: a sampled window keeps the admission above. Where
-the cut does not run (several requests, a sampled or seeded one) an adaptive request drafts at most the tuned
-count: the longer draft did not pay there (docs/benchmarks.md, issue 25).
+verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced
+by what the target's calls of that size cost lately. Two counts make two call sizes, and the paged target runs
+each on a compiled model of its own (engine/models/paged_target.py, window models), so a change between them
+costs about a row where on one compiled model it costs four; a per-window choice among every count gained
+little more in a replay of logged windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this
+window's chances at positions past the tuned count to decide whether those are verified, which greedy output
+allows (every committed token is the target's own) and the rejection sampler's proof does not: a sampled window
+keeps the admission above. Where the cut does not run (several requests, a sampled or seeded one) an adaptive
+request drafts at most the tuned count: the longer draft did not pay there (docs/benchmarks.md, issue 25).
 
 `adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
 `num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.
@@ -588,15 +589,17 @@ class DraftPolicy:
 
     # ---- what to expect -----------------------------------------------------------------------
     def chances(self, n: int, sampled: bool, peak: list[float] | None, history: PositionCounts,
-                reproducible: bool = False) -> list[float]:
+                reproducible: bool = False, reach: int | None = None) -> list[float]:
         """π_1..π_n of a drafted window: the draft's calibrated peak probabilities, else the request's
         acceptance by position. `reproducible`: from the request's own figures only (the raw peak
-        probabilities; no pooled prior)."""
+        probabilities; no pooled prior). `reach`: positions past it are read through the calibration of the last
+        position every window reaches (the cut's windows: `choose_cut`)."""
         if peak:
             if reproducible:
                 return [min(max(float(c), 0.0), 0.999) for c in peak[:n]]
             cal = self._calibration(sampled)
-            return [cal(j, float(c)) for j, c in enumerate(peak[:n])]
+            last = n if reach is None else max(1, reach)
+            return [cal(min(j, last - 1), float(c)) for j, c in enumerate(peak[:n])]
         pooled = PositionCounts() if reproducible else self.pooled.get(sampled, PositionCounts())
         out = []
         for j in range(n):
@@ -709,15 +712,15 @@ class DraftPolicy:
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
                       + (switch if self.changes(rows) else 0.0))
 
-    def choose_cut(self, chances: list[float], short: int, fixed_ms: float, peak: list[float] | None = None) -> int:
+    def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
         """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short`
         (the draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring).
         A count's price is `fixed_ms` plus the lower quartile of the target's ms in the last cut steps that verified
         it at an unchanged row count (`cut_steps`; until three did, the cost table's); a change of row count is
         charged the measured switch cost. Past the tuned count only windows the cut verified whole were seen, a
         sample chosen for being sure (their earlier candidates too), so what was learned there would make every
-        window's later candidates look likelier than they are: with the draft's `peak` probabilities, a candidate
-        past the tuned count is read through the calibration of the last position every window reaches, and the
+        window's later candidates look likelier than they are: the caller reads a candidate past the tuned count
+        through the calibration of the last position every window reaches (`chances(reach=short)`), and the
         survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
         the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
         full = len(chances)
@@ -731,11 +734,7 @@ class DraftPolicy:
             return full
         self.explored = False
         scale = self.survival.get(False)
-        later = chances[short:]
-        if peak and len(peak) >= full and False in self.calibration:
-            cal = self.calibration[False]
-            later = [cal(short - 1, float(c)) for c in peak[short:full]]
-        offer = Offer(0, (scale(chances[:short]) if scale else chances[:short]) + later, sampled=False)
+        offer = Offer(0, (scale(chances[:short]) if scale else chances[:short]) + chances[short:], sampled=False)
         self._remember([offer])
         gains = list(accumulate(survivals(offer.chances)))
         best, best_rate = full, -1.0

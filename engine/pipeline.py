@@ -73,7 +73,7 @@ class _Request:
     generated: list[int] = field(default_factory=list)
     policy: str = ALWAYS  # how much of a drafted window the target verifies (engine/draft_policy.py)
     cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
-    short: int = 0  # adaptive: the draft's tuned count (at most num_candidates), what it drafts where the cut does not run
+    short: int = 0  # adaptive: the draft's tuned count (at most num_candidates), drafted where the cut does not run
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -193,10 +193,11 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             largest_call = scheduler.max_num_batched_tokens + scheduler.max_num_seqs  # padding rows included
-            cut = (info.default_candidates + 1, info.max_candidates + 1) if info else ()  # the cut's window sizes
+            # the cut's long window on a compiled model of its own; the short one keeps the main model's shape
+            cut = scheduler.window_models and info is not None and info.default_candidates < info.max_candidates
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
                                  scheduler.cache_size_mb, rows=row_mode(device), max_call_rows=largest_call,
-                                 window_sizes=cut if scheduler.window_models and cut and cut[0] < cut[1] else ())
+                                 window_sizes=(info.max_candidates + 1,) if cut else ())
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "
@@ -529,7 +530,8 @@ class SpeculativePipeline:
                 continue
             n = len(req.window) - 1
             seeded = req.reproducible
-            chances = self.policy.chances(n, req.config.do_sample, req.peak, req.metrics.positions, seeded)
+            reach = req.short if len(plan) == 1 and self._cut_runs(req) else None  # the cut (draft_policy.choose_cut)
+            chances = self.policy.chances(n, req.config.do_sample, req.peak, req.metrics.positions, seeded, reach)
             req.window_chances = chances
             if req.policy == ADAPTIVE and seeded:  # its text must not depend on timings nor on the batch
                 m = self.policy.choose_reproducible(chances, padded)
@@ -548,7 +550,7 @@ class SpeculativePipeline:
         fixed_ms = self.policy.fixed_ms(draft_ms)
         alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
         if alone is not None and self._cut_runs(alone) and len(offers[0][1].chances) > alone.short:
-            verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms, alone.peak)]
+            verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
         else:
             verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
         for (req, offer), m in zip(offers, verify):

@@ -27,7 +27,7 @@ class SchedulerConfig:
     draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "adaptive" what pays (the default), "always" all
     prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
     prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
-    window_models: bool = True  # compile the target once more for each of the cut's two window sizes (CPU; memory)
+    window_models: bool = True  # compile the target once more for the cut's long window size (CPU; memory)
 
     def validate(self) -> "SchedulerConfig":
         """Raise ValueError naming the field and its allowed range."""

@@ -57,7 +57,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
     p.add_argument("--no-window-models", dest="window_models", action="store_const", const=False, default=None,
                    help="scheduler: run every target call on one compiled model (by default the target is compiled "
-                        "once more for each of the adaptive cut's two window sizes, which costs memory)")
+                        "once more for the adaptive cut's long window, which costs memory)")
     p.add_argument("--draft-policy", nargs="+", default=[DEFAULT_POLICY], choices=list(POLICIES), metavar="P",
                    help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
                         "that pay for their rows, from the draft's calibrated peak probabilities and the measured "

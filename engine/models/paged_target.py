@@ -33,10 +33,10 @@ same kernel, whatever shares its call:
 Window models (`window_sizes`): a call whose row count differs from the previous call's costs the CPU plugin
 several milliseconds (it prepares every node for the new shape), about four verify rows of a small target. The
 draft policy's cut alternates between two window sizes at one request (engine/draft_policy.py), so the same
-graph is compiled once more per such size, every request bound to the one KV cache (the cache is an input of
-the paged model), and a call of that many rows runs on its own compiled model, which keeps its shape. The same
-graph on the same plugin computes the same rows; the cost is memory (the plugin packs the weights again for the
-first extra model of some targets: docs/benchmarks.md, issue 25).
+graph is compiled once more for the long one, every request bound to the one KV cache (the cache is an input of
+the paged model), and a call of that many rows runs on its own compiled model, which keeps its shape; the main
+model keeps the short one's. The same graph on the same plugin computes the same rows; the cost is memory (the
+plugin packs the weights again for each compiled model at its first inference: docs/benchmarks.md, issue 25).
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class PagedTarget:
         edit_target_graph(model, self.tap_layers, row_axis=0)
         self.compiled = core.compile_model(model, device, properties)
         self.request = self.compiled.create_infer_request()
-        # one more compiled model per call size the verify windows alternate between (`window_models`)
+        # one more compiled model per call size that should never reshape the main one (window models)
         sizes = sorted({int(s) for s in window_sizes if int(s) > 0}) if rows == "split" else []
         extra = {size: core.compile_model(model, device, properties).create_infer_request() for size in sizes}
         caches = [p for p in self.compiled.inputs if p.get_any_name().startswith(("key_cache.", "value_cache."))]
