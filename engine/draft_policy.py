@@ -67,8 +67,9 @@ One greedy request alone in its steps is cut differently (`choose_cut`): it draf
 request's count; under `adaptive` a request that does not say drafts the draft's block, `default_count`) and
 verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced
 by what the target's calls of that size cost lately. Two counts make two call sizes, and the paged target runs
-each on a compiled model of its own (engine/models/paged_target.py, window models), so a change between them
-costs about a row where on one compiled model it costs four; a per-window choice among every count gained
+the long one on a compiled model of its own (engine/models/paged_target.py, window models) while the main one
+keeps the short one's shape, so a change between them costs about a row where on one compiled model it costs
+four; a per-window choice among every count gained
 little more in a replay of logged windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this
 window's chances at positions past the tuned count to decide whether those are verified, which greedy output
 allows (every committed token is the target's own) and the rejection sampler's proof does not: a sampled window
@@ -717,7 +718,10 @@ class DraftPolicy:
         (the draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring).
         A count's price is `fixed_ms` plus the lower quartile of the target's ms in the last cut steps that verified
         it at an unchanged row count (`cut_steps`; until three did, the cost table's); a change of row count is
-        charged the measured switch cost. Past the tuned count only windows the cut verified whole were seen, a
+        charged the measured switch cost where there is no window model (every change between the two counts then
+        reshapes the one compiled model). With one, the long window never reshapes and the short one does only
+        after a call of another size (a prompt chunk), a change the main model pays once whichever step makes it:
+        charged to one window, it kept a request on the long count after its prompt (7.1 of 8 verified). Past the tuned count only windows the cut verified whole were seen, a
         sample chosen for being sure (their earlier candidates too), so what was learned there would make every
         window's later candidates look likelier than they are: the caller reads a candidate past the tuned count
         through the calibration of the last position every window reaches (`chances(reach=short)`), and the
@@ -742,7 +746,7 @@ class DraftPolicy:
             rows = m + 1
             steps = self.cut_steps.get(rows, ())
             ms = fixed_ms + (_low(steps) if len(steps) >= 3 else self.target.estimate(rows))
-            ms += self.switch_cost if self.changes(rows) else 0.0
+            ms += self.switch_cost if self.changes(rows) and not self.own_models else 0.0
             rate = (1.0 + gains[m - 1]) / ms if ms > 0 else 0.0
             if rate > best_rate:
                 best, best_rate = m, rate
