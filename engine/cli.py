@@ -19,6 +19,7 @@ from pathlib import Path
 from engine import __version__
 from engine.console import end_line, progress_printer, say, stdout_to_stderr
 from engine.draft_policy import DEFAULT_POLICY, POLICIES
+from engine.scheduler import WINDOW_MODELS_MB
 from engine.errors import DFlashError, DraftMismatchError
 
 
@@ -69,7 +70,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty, rng_seed=args.seed)
     config.validate()
     target, draft = _resolve_models(args)
-    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on", draft_policy=args.draft_policy)
+    scheduler = SchedulerConfig(prefix_caching=args.prefix_caching == "on", draft_policy=args.draft_policy,
+                                window_models_mb=args.window_models_mb)
     if args.cache_size_mb is not None:
         scheduler.cache_size_mb = args.cache_size_mb
     pipe = load_engine(target, draft, device=args.device, precision=args.precision, scheduler=scheduler)
@@ -318,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                      help="KV cache size (default 512 MB): raise it for a long prompt + --max-new-tokens")
     gen.add_argument("--json", action="store_true")
+    gen.add_argument("--window-models-mb", type=int, default=WINDOW_MODELS_MB, metavar="MB",
+                     help="memory the target's extra compiled copies for the adaptive cut may take (0: none)")
     gen.add_argument("--prefix-caching", choices=["on", "off"], default="on",
                      help="reuse the KV blocks of cached token prefixes (one request: nothing to reuse yet)")
     gen.set_defaults(func=cmd_generate)

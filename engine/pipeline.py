@@ -29,7 +29,7 @@ from engine.drafting.draft_batch import DraftCall
 from engine.drafting.factory import make_draft_batch
 from engine.drafting.selector import DraftJob, SamplingSpec, draft_candidates
 from engine.metrics import RequestMetrics
-from engine.models.draft import DraftModel, check_draft_fits, read_draft_info
+from engine.models.draft import DraftInfo, DraftModel, check_draft_fits, read_draft_info
 from engine.models.files import openvino_reason
 from engine.models.properties import compile_properties, row_mode
 from engine.models.paged_target import PagedTarget, SeqChunk
@@ -141,6 +141,19 @@ class _Request:
         return 1 + self.next_candidates()
 
 
+def window_sizes(info: DraftInfo | None, weights_bytes: int, budget_mb: int) -> tuple[int, ...]:
+    """The call sizes the target gets a compiled copy of its own for, within `budget_mb` (each copy takes about
+    its weights file): the cut's two windows (the tuned count's and the block's), else the long one alone (the
+    main model then keeps the short one's shape between prompts), else none (the cut then pays a change of shape
+    at each switch). With one copy the cut verified more than with two in this session's one run (6.1 of 8 against
+    about 5, docs/benchmarks.md, issue 25), so two is what a small target gets."""
+    if info is None or info.default_candidates >= info.max_candidates:
+        return ()
+    fits = (budget_mb << 20) // max(weights_bytes, 1)
+    short, long = info.default_candidates + 1, info.max_candidates + 1
+    return (short, long) if fits >= 2 else (long,) if fits >= 1 else ()
+
+
 class SpeculativePipeline:
     """DFlash speculative decoding for many requests at once over a PagedAttention target.
 
@@ -193,11 +206,10 @@ class SpeculativePipeline:
             taps = info.target_layer_ids
         try:
             largest_call = scheduler.max_num_batched_tokens + scheduler.max_num_seqs  # padding rows included
-            # the cut's long window on a compiled model of its own; the short one keeps the main model's shape
-            cut = scheduler.window_models and info is not None and info.default_candidates < info.max_candidates
             target = PagedTarget(folder, core, device, props, taps, scheduler.num_kv_blocks,
                                  scheduler.cache_size_mb, rows=row_mode(device), max_call_rows=largest_call,
-                                 window_sizes=(info.max_candidates + 1,) if cut else ())
+                                 window_sizes=window_sizes(info, folder.weights_bytes,
+                                                           scheduler.window_models_mb))
             draft = DraftModel(info, folder, core, device, props) if info else None
         except RuntimeError as exc:
             fix = ("a model file may be damaged, or this OpenVINO cannot compile the architecture: export the "

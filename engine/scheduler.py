@@ -16,6 +16,9 @@ from typing import Protocol
 from engine.draft_policy import DEFAULT_POLICY, check_policy
 
 
+WINDOW_MODELS_MB = 512  # SmolLM2-135M gets both copies (+160 MB each), Qwen2.5-Coder-0.5B none (+507 MB each)
+
+
 @dataclass
 class SchedulerConfig:
     """Batching limits (the names follow openvino_genai.SchedulerConfig)."""
@@ -27,7 +30,9 @@ class SchedulerConfig:
     draft_policy: str = DEFAULT_POLICY  # how much of a drafted window is verified: "adaptive" what pays (the default), "always" all
     prefix_caching: bool = False  # reuse the KV blocks of cached token prefixes (engine/prefix_cache.py)
     prefix_cache_mb: int = 256  # memory of cached blocks no running request holds (target KV + draft parts)
-    window_models: bool = True  # compile the target once more for the cut's long window size (CPU; memory)
+    # memory the target's extra compiled copies for the adaptive cut's window sizes may take (CPU; each copy costs
+    # about the target's weights file; 0: none): two for a small target, one, or none (engine/pipeline.py)
+    window_models_mb: int = WINDOW_MODELS_MB
 
     def validate(self) -> "SchedulerConfig":
         """Raise ValueError naming the field and its allowed range."""
@@ -47,8 +52,9 @@ class SchedulerConfig:
         if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb={self.prefix_cache_mb!r}: use an integer >= 0 (megabytes of cached "
                              "prefixes kept for later requests; 0 keeps none once their requests end).")
-        if not isinstance(self.window_models, bool):
-            raise ValueError(f"window_models={self.window_models!r}: use True or False.")
+        if not isinstance(self.window_models_mb, int) or self.window_models_mb < 0:
+            raise ValueError(f"window_models_mb={self.window_models_mb!r}: use an integer >= 0 (megabytes the target's "
+                             "extra compiled copies for the adaptive cut may take; 0: none).")
         return self
 
 

@@ -55,9 +55,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, metavar="B", help="scheduler: KV cache size in blocks")
     p.add_argument("--cache-size-mb", type=int, default=None, metavar="MB",
                    help="scheduler: KV cache size in MB (when --num-kv-blocks is not given)")
-    p.add_argument("--no-window-models", dest="window_models", action="store_const", const=False, default=None,
-                   help="scheduler: run every target call on one compiled model (by default the target is compiled "
-                        "once more for the adaptive cut's long window, which costs memory)")
+    p.add_argument("--window-models-mb", type=int, default=None, metavar="MB",
+                   help="scheduler: memory the target's extra compiled copies for the adaptive cut's two window "
+                        "sizes may take (default 512: a small target gets both; each costs about the weights file; "
+                        "0: one compiled model)")
     p.add_argument("--draft-policy", nargs="+", default=[DEFAULT_POLICY], choices=list(POLICIES), metavar="P",
                    help="how much of each drafted window the target verifies: 'adaptive' (default) the candidates "
                         "that pay for their rows, from the draft's calibrated peak probabilities and the measured "

@@ -14,7 +14,7 @@ from engine.config import GenerationConfig
 from engine.draft_policy import DEFAULT_POLICY, POLICIES
 from engine.scheduler import SchedulerConfig
 
-SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "cache_size_mb", "window_models")
+SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "num_kv_blocks", "cache_size_mb", "window_models_mb")
 
 
 @dataclass(frozen=True)
@@ -191,9 +191,7 @@ def spec_command(spec: BenchSpec) -> str:
         parts += ["--concurrency", *(str(n) for n in spec.concurrency)]
     for k in SCHEDULER_FIELDS:
         v = spec.scheduler.get(k)
-        if isinstance(v, bool):  # a switch: only its "off" has a flag
-            parts += [] if v else ["--no-" + k.replace("_", "-")]
-        elif v is not None:
+        if v is not None:
             parts += ["--" + k.replace("_", "-"), str(v)]
     if spec.draft_policies and spec.draft_policies != [DEFAULT_POLICY]:
         parts += ["--draft-policy", *spec.draft_policies]

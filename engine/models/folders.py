@@ -41,6 +41,12 @@ class TargetFolder:
         return self.path / IR_FILE
 
     @property
+    def weights_bytes(self) -> int:
+        """The IR's weights file size: about what another compiled copy of the model takes."""
+        weights = self.ir.with_suffix(".bin")
+        return weights.stat().st_size if weights.is_file() else 0
+
+    @property
     def tokenizer(self) -> Path:
         return self.path / TOKENIZER_FILE
 

@@ -7,6 +7,7 @@ import sys
 from typing import Callable
 
 from engine.draft_policy import DEFAULT_POLICY, POLICIES
+from engine.scheduler import WINDOW_MODELS_MB
 from engine.serve import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
 
 API_KEY_ENV = "DFLASH_STUDIO_API_KEY"
@@ -45,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction, model_args: Callable[[argparse.A
     s.add_argument("--draft-policy", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help="how many drafted candidates the target verifies: 'adaptive' (default) the ones that pay "
                         "for their rows at the current load (docs/batching.md), 'always' every one")
+    s.add_argument("--window-models-mb", type=int, default=WINDOW_MODELS_MB, metavar="MB",
+                   help="memory the target's extra compiled copies for the adaptive cut may take (0: none)")
     s.set_defaults(func=lambda args: cmd_serve(args, resolve_models))
 
 
@@ -66,7 +69,8 @@ def cmd_serve(args: argparse.Namespace, resolve_models: Callable[[argparse.Names
         pipe = load_engine(target, draft, device=args.device, precision=args.precision,
                            scheduler=SchedulerConfig(max_num_seqs=args.max_running,
                                                      prefix_caching=args.prefix_caching == "on",
-                                                     draft_policy=args.draft_policy))
+                                                     draft_policy=args.draft_policy,
+                                                     window_models_mb=args.window_models_mb))
         model = served_model(str(target), pipe.describe().draft_name)
     except BaseException:
         sock.close()

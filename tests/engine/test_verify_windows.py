@@ -208,8 +208,8 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
     """The cut: alone in its steps, a greedy `adaptive` request that does not say drafts the whole block and the
     target verifies the tuned count or all of it. With sharp chances (confident 0.95, doubtful 0.05) on frozen
     costs, a window confident all the way is verified whole and one whose first candidate is doubtful only to
-    the tuned count; every long window ran on the window model compiled for its size, and every request equals
-    the target alone (which has none)."""
+    the tuned count; every window ran on the compiled copy made for its size, and every request equals the
+    target alone (which has none)."""
     cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
     seen: list[list[float]] = []
 
@@ -220,7 +220,7 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
 
     values = []
     probe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32",
-                                     scheduler=SchedulerConfig(window_models=False))
+                                     scheduler=SchedulerConfig(window_models_mb=0))
     assert probe.target.window_sizes == ()
     for p in PROMPTS:
         probe.generate(p, cfg.copy(draft_policy=ALWAYS, num_assistant_tokens=7), chat=False,
@@ -228,7 +228,7 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
     CUT = float(np.quantile(values, 0.25))  # a quarter of the candidates are doubtful
     pipe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32")
     block, short = pipe.draft.info.max_candidates, pipe.draft.info.default_candidates
-    assert short == 2 < block and pipe.target.window_sizes == (block + 1,)  # the short window: the main model
+    assert short == 2 < block and pipe.target.window_sizes == (short + 1, block + 1)  # a tiny target: both fit
     pipe.policy = Sharp(lambda r: 10.0 + 2.0 * r)
     verified = []
     for p in PROMPTS:
@@ -248,7 +248,8 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
                 assert len(e.drafted) == short, conf
             verified.append(len(e.drafted))
     assert set(verified) == {short, block}
-    assert pipe.target.window_model_calls()[block + 1] == verified.count(block)
+    calls = pipe.target.window_model_calls()
+    assert calls[short + 1] >= verified.count(short) and calls[block + 1] >= verified.count(block)
 
 
 def test_a_seeded_sampled_request_gives_the_same_text_in_any_batch(request, tiny_qwen3_target) -> None:
