@@ -121,7 +121,7 @@ class FakePipeline:
         info = self.draft.info if self.draft is not None else None
         draft = None if info is None else DraftDescription(
             info.name, info.variant, self.block_size, info.max_candidates, self.default_num_candidates, info.has_head,
-            info.default_top_k, info.has_confidence)
+            info.default_top_k, info.has_confidence, cut_candidates=info.max_candidates)  # a small target: the cut
         return EngineDescription(self.target_name, self.device, "default", "fake", draft, None, self.has_chat_template)
 
     def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:

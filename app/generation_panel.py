@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBo
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
-from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES, default_count
+from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES
 from engine.generation_defaults import DecodingDefaults
 
 # Settings that make up "the decoding": editing one of them is the person's own choice.
@@ -87,7 +87,7 @@ class GenerationPanel(QGroupBox):
         self._rows: dict[str, QWidget] = {}
         self._draft_loaded = False
         self._default_candidates = 0
-        self._max_candidates = 0
+        self._cut_candidates = 0
         self._has_head = False
         self._variant: str | None = None
         self._default_top_k = 0
@@ -309,7 +309,7 @@ class GenerationPanel(QGroupBox):
         if not self._draft_loaded:
             self.num_assistant.setSpecialValueText("draft's default")
             return
-        count = default_count(self.policy_name, self._default_candidates, self._max_candidates)
+        count = self._cut_candidates if self.policy_name == ADAPTIVE else self._default_candidates
         if count:
             text = f"draft's default ({count})"
         else:
@@ -380,13 +380,14 @@ class GenerationPanel(QGroupBox):
         self.system_prompt.blockSignals(False)
 
     def set_draft_loaded(self, loaded: bool, max_candidates: int | None = None, variant: str | None = None,
-                         has_head: bool = False, default_top_k: int = 0, default_candidates: int = 0) -> None:
+                         has_head: bool = False, default_top_k: int = 0, default_candidates: int = 0,
+                         cut_candidates: int = 0) -> None:
         self._draft_loaded = loaded
         self._has_head = loaded and has_head
         self._variant = variant if loaded else None
         self._default_top_k = default_top_k
         self._default_candidates = default_candidates
-        self._max_candidates = max_candidates if loaded and max_candidates else 0
+        self._cut_candidates = cut_candidates or default_candidates  # what "what pays" drafts when unset
         self.num_assistant.setMaximum(max_candidates if (loaded and max_candidates) else MAX_ASSISTANT_TOKENS)
         self.num_assistant.setEnabled(loaded)
         self.draft_policy.setEnabled(loaded)

@@ -41,6 +41,7 @@ from app.widgets import Banner, ElidedLabel
 from app.worker import EngineController, EngineInfo, ErrorInfo, FinishInfo, GenerateRequest, Loader
 from engine import paths
 from engine.devices import DeviceInfo
+from engine.draft_policy import ADAPTIVE
 from engine.generation_defaults import recommended_decoding
 from engine.models.properties import is_lossless, precision_label
 
@@ -542,7 +543,7 @@ class MainWindow(QMainWindow):
             self.gen_panel.set_draft_loaded(False)
         else:
             self.gen_panel.set_draft_loaded(True, d.max_candidates, d.variant, d.has_head, d.default_top_k,
-                                            d.default_candidates)
+                                            d.default_candidates, d.candidates_for(ADAPTIVE))
         self.state_label.setText(f"Ready ({info.load_s:.1f} s to load).")
         label = (f"{info.target_name}" + (f" + {info.draft_name}" if info.draft_name else " (no draft)")
                  + f" on {info.device}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.draft_policy import default_count
+
 
 @dataclass(frozen=True)
 class DraftDescription:
@@ -23,6 +25,11 @@ class DraftDescription:
     default_top_k: int = 0  # the head's scorer K when a request does not say
     has_confidence: bool = False  # drafted positions come with a confidence
     folder: Path | None = None
+    cut_candidates: int | None = None  # what an `adaptive` request that does not say drafts (None: default_candidates)
+
+    def candidates_for(self, policy: str) -> int:
+        """Candidates per step a request under `policy` gets when it does not say (engine/draft_policy.default_count)."""
+        return default_count(policy, self.default_candidates, self.cut_candidates or self.default_candidates)
 
 
 @dataclass(frozen=True)

@@ -250,12 +250,20 @@ class SpeculativePipeline:
     def default_num_candidates(self) -> int:
         return self.draft.info.default_candidates if self.draft else 0
 
+    @property
+    def _cut_block(self) -> int:
+        """What an `adaptive` request that does not say drafts: the draft's block where the target has window models
+        for the cut (engine/draft_policy.py), else the tuned count (without them the cut did not pay: on Qwen2.5-Coder,
+        7 or 8 on one compiled model ran 0.95x of the tuned count; docs/benchmarks.md, issue 25)."""
+        info = self.draft.info
+        return info.max_candidates if getattr(self.target, "window_sizes", ()) else info.default_candidates
+
     # ---- requests ---------------------------------------------------------------------------
     def describe(self) -> EngineDescription:
         info = self.draft.info if self.draft else None
         draft = None if info is None else DraftDescription(
             info.name, info.variant, info.block_size, info.max_candidates, info.default_candidates, info.has_head,
-            info.default_top_k, info.has_confidence, info.folder)
+            info.default_top_k, info.has_confidence, info.folder, self._cut_block)
         blocks = self.target.blocks
         return EngineDescription(self.target_name, self.device, self.precision, "paged", draft, self.target.folder,
                                  self.has_chat_template, blocks.num_blocks * blocks.block_size)
@@ -311,7 +319,7 @@ class SpeculativePipeline:
         blocks = self.target.blocks
         if candidates is None and self.draft is not None:  # what a request that does not say drafts
             info = self.draft.info
-            candidates = default_count(self.scheduler.draft_policy, info.default_candidates, info.max_candidates)
+            candidates = default_count(self.scheduler.draft_policy, info.default_candidates, self._cut_block)
         extra = (candidates or 0) + 1  # the last window's rows
         need = blocks.blocks_for(prompt_tokens + max_new_tokens + extra)
         if need <= blocks.num_blocks:
@@ -363,7 +371,7 @@ class SpeculativePipeline:
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or default_count(policy, info.default_candidates, info.max_candidates)
+        n = config.num_assistant_tokens or default_count(policy, info.default_candidates, self._cut_block)
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")

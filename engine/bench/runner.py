@@ -43,7 +43,7 @@ from engine.bench.spec import (SCHEDULER_FIELDS, BenchSpec, Decoding, effective_
                                spec_command)
 from engine.bench.turns import caching_label, check_turns, fresh_cache, per_setting, run_turns, turn_notes
 from engine.config import GenerationConfig
-from engine.draft_policy import DEFAULT_POLICY, default_count, make_policy
+from engine.draft_policy import DEFAULT_POLICY, make_policy
 from engine.errors import ContextLengthError, DFlashError
 
 __all__ = ["BenchResult", "BenchSpec", "Decoding", "Row", "run_bench", "describe_machine", "default_loader"]
@@ -435,8 +435,7 @@ def _plan(spec: BenchSpec, target: Path, loader: Loader, say: Progress, stop: Ca
                     notes.append(f"{path.name}: has no Markov head, so markov_head_top_k does not apply "
                                  "(one row per num_assistant_tokens).")
             # A row that names no count drafts what the engine gives such a request under its policy.
-            pairs = {(n or (default_count(policy, info.default_candidates, info.max_candidates) if info else 0), policy)
-                     for n in ns for policy in policies}
+            pairs = {(n or (info.candidates_for(policy) if info else 0), policy) for n in ns for policy in policies}
             counts = sorted({n for n, _ in pairs})
             for n in counts:  # one row per drafted count x K x policy, in the order of the drafted count
                 for k in ks:

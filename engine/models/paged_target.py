@@ -33,10 +33,11 @@ same kernel, whatever shares its call:
 Window models (`window_sizes`): a call whose row count differs from the previous call's costs the CPU plugin
 several milliseconds (it prepares every node for the new shape), about four verify rows of a small target. The
 draft policy's cut alternates between two window sizes at one request (engine/draft_policy.py), so the same
-graph is compiled once more for the long one, every request bound to the one KV cache (the cache is an input of
-the paged model), and a call of that many rows runs on its own compiled model, which keeps its shape; the main
-model keeps the short one's. The same graph on the same plugin computes the same rows; the cost is memory (the
-plugin packs the weights again for each compiled model at its first inference: docs/benchmarks.md, issue 25).
+graph is compiled once more per size the caller names (both, or the long one where memory allows one copy:
+engine/pipeline.window_sizes), every request bound to the one KV cache (the cache is an input of the paged
+model), and a call of that many rows runs on its own compiled model, which keeps its shape. The same graph on
+the same plugin computes the same rows; the cost is memory (the plugin packs the weights again for each
+compiled model at its first inference: docs/benchmarks.md, issue 25).
 """
 from __future__ import annotations
 
