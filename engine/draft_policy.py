@@ -64,17 +64,17 @@ step's rows besides its windows and how many candidates were drafted, and the al
 survivals never reaches past a window's first unverified candidate, so sampled output stays exact.
 
 One greedy request alone in its steps is cut differently (`choose_cut`): it drafts its whole block (the
-request's count; under `adaptive` a request that does not say drafts the draft's block, `default_count`) and
-verifies either the draft's tuned count or all of it, whichever gives more expected tokens per ms, each priced
-by what the target's calls of that size cost lately. Two counts make two call sizes, and the paged target runs
-the long one on a compiled model of its own (engine/models/paged_target.py, window models) while the main one
-keeps the short one's shape, so a change between them costs about a row where on one compiled model it costs
-four; a per-window choice among every count gained
-little more in a replay of logged windows and makes many sizes (docs/benchmarks.md, issue 25). It reads this
-window's chances at positions past the tuned count to decide whether those are verified, which greedy output
-allows (every committed token is the target's own) and the rejection sampler's proof does not: a sampled window
-keeps the admission above. Where the cut does not run (several requests, a sampled or seeded one) an adaptive
-request drafts at most the tuned count: the longer draft did not pay there (docs/benchmarks.md, issue 25).
+request's count; under `adaptive` a request that does not say drafts the draft's block where the target has
+window models, `default_count`) and verifies either the draft's tuned count or all of it, whichever gives more
+expected tokens per ms, each priced by what the target's calls of that size cost lately. Two counts make two
+call sizes, and the paged target runs each on a compiled model of its own (engine/models/paged_target.py,
+window models, within a memory budget), so a change between them costs about a row where on one compiled model
+it costs four; a per-window choice among every count gained little more in a replay of logged windows and
+makes many sizes (docs/benchmarks.md, issue 25). It reads this window's chances at positions past the tuned
+count to decide whether those are verified, which greedy output allows (every committed token is the target's
+own) and the rejection sampler's proof does not: a sampled window keeps the admission above. Where the cut does
+not run (several requests, a sampled or seeded one) an adaptive request drafts at most the tuned count: the
+longer draft did not pay there (docs/benchmarks.md, issue 25).
 
 `adaptive` is the default; `always` verifies every drafted candidate (the fixed-count behaviour:
 `num_assistant_tokens=n`). Greedy text is the same under both: only how far each window is checked changes.
@@ -104,9 +104,10 @@ SKIP_MARGIN = 0.05  # a step skips its draft call only where the target alone's 
 
 
 def default_count(policy: str, tuned: int, block: int) -> int:
-    """Candidates a request drafts when it does not say: under `adaptive` the draft's whole block (one greedy
-    request then verifies the tuned count or all of them, the cut; elsewhere it drafts the tuned count), under
-    `always` the draft's tuned count (every drafted candidate costs a verify row there)."""
+    """Candidates a request drafts when it does not say: under `adaptive` `block`, the draft's whole block where the
+    target has window models for the cut (one greedy request then verifies the tuned count or all of them;
+    elsewhere it drafts the tuned count; the caller passes the tuned count as `block` without window models),
+    under `always` the draft's tuned count (every drafted candidate costs a verify row there)."""
     return block if policy == ADAPTIVE else tuned
 
 
@@ -714,19 +715,20 @@ class DraftPolicy:
                       + (switch if self.changes(rows) else 0.0))
 
     def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
-        """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short`
-        (the draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring).
-        A count's price is `fixed_ms` plus the lower quartile of the target's ms in the last cut steps that verified
-        it at an unchanged row count (`cut_steps`; until three did, the cost table's); a change of row count is
-        charged the measured switch cost where there is no window model (every change between the two counts then
-        reshapes the one compiled model). With one, the long window never reshapes and the short one does only
-        after a call of another size (a prompt chunk), a change the main model pays once whichever step makes it:
-        charged to one window, it kept a request on the long count after its prompt (7.1 of 8 verified). Past the tuned count only windows the cut verified whole were seen, a
-        sample chosen for being sure (their earlier candidates too), so what was learned there would make every
-        window's later candidates look likelier than they are: the caller reads a candidate past the tuned count
-        through the calibration of the last position every window reaches (`chances(reach=short)`), and the
-        survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
-        the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
+        """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short` (the
+        draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring). A
+        count's price is `fixed_ms` plus the lower quartile of the target's ms in the last cut steps that
+        verified it at an unchanged row count (`cut_steps`; until three did, the cost table's); a change of row
+        count is charged the measured switch cost where there is no window model (every change between the two
+        counts then reshapes the one compiled model). With one, the long window never reshapes and the short one
+        does only after a call of another size (a prompt chunk), a change the main model pays once whichever
+        step makes it: charged to one window, it kept a request on the long count after its prompt
+        (docs/benchmarks.md, issue 25). Past the tuned count only windows the cut verified whole were seen, a sample chosen for being
+        sure (their earlier candidates too), so what was learned there would make every window's later
+        candidates look likelier than they are: the caller reads a candidate past the tuned count through the
+        calibration of the last position every window reaches (`chances(reach=short)`), and the survival scale
+        applies up to the tuned count only. Everything while the target's cost is unknown and on the policy's
+        exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
         full = len(chances)
         self.explored = True
         if full <= short or not self.target.seen:

@@ -144,9 +144,9 @@ class _Request:
 def window_sizes(info: DraftInfo | None, weights_bytes: int, budget_mb: int) -> tuple[int, ...]:
     """The call sizes the target gets a compiled copy of its own for, within `budget_mb` (each copy takes about
     its weights file): the cut's two windows (the tuned count's and the block's), else the long one alone (the
-    main model then keeps the short one's shape between prompts), else none (the cut then pays a change of shape
-    at each switch). With one copy the cut verified more than with two in this session's one run (6.1 of 8 against
-    about 5, docs/benchmarks.md, issue 25), so two is what a small target gets."""
+    main model then keeps the short one's shape between prompts), else none (an `adaptive` request that does not
+    say then drafts the tuned count: `_cut_block`). With one copy the cut verified more than with two and gained
+    less in the run measured (docs/benchmarks.md, issue 25), so two is what a small target gets."""
     if info is None or info.default_candidates >= info.max_candidates:
         return ()
     fits = (budget_mb << 20) // max(weights_bytes, 1)
@@ -253,8 +253,8 @@ class SpeculativePipeline:
     @property
     def _cut_block(self) -> int:
         """What an `adaptive` request that does not say drafts: the draft's block where the target has window models
-        for the cut (engine/draft_policy.py), else the tuned count (without them the cut did not pay: on Qwen2.5-Coder,
-        7 or 8 on one compiled model ran 0.95x of the tuned count; docs/benchmarks.md, issue 25)."""
+        for the cut (engine/draft_policy.py), else the tuned count (without them the cut did not pay on Qwen2.5-Coder:
+        docs/benchmarks.md, issue 25)."""
         info = self.draft.info
         return info.max_candidates if getattr(self.target, "window_sizes", ()) else info.default_candidates
 
@@ -366,8 +366,9 @@ class SpeculativePipeline:
     def _draft_settings(self, config: GenerationConfig, policy: str) -> tuple[int, int]:
         """(candidates per step, scorer K) for a request; ValueError naming the field when they don't fit.
         Unless the request says, `always` drafts the draft's tuned count (drafting a full block costs the draft
-        call and the verify rows more than the longer windows return) and `adaptive` the whole block, which it
-        drafts only where its cut runs (engine/draft_policy.py; docs/benchmarks.md)."""
+        call and the verify rows more than the longer windows return) and `adaptive` the whole block where the
+        target has window models (`_cut_block`), which it drafts only where its cut runs (engine/draft_policy.py;
+        docs/benchmarks.md)."""
         if self.draft is None:
             return 0, 0
         info = self.draft.info

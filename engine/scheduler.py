@@ -16,7 +16,7 @@ from typing import Protocol
 from engine.draft_policy import DEFAULT_POLICY, check_policy
 
 
-WINDOW_MODELS_MB = 512  # SmolLM2-135M gets both copies (+160 MB each), Qwen2.5-Coder-0.5B none (+507 MB each)
+WINDOW_MODELS_MB = 512  # SmolLM2-135M gets both copies, Qwen2.5-Coder-0.5B none (docs/batching.md)
 
 
 @dataclass

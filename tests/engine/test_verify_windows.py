@@ -97,6 +97,26 @@ def _batch(pipe: SpeculativePipeline, cfgs: list[GenerationConfig], together: bo
     return rids, events
 
 
+def _sharp(price, cut: float, seen: list[list[float]]) -> FrozenPolicy:
+    """Frozen costs and a sharp calibration: a candidate whose peak is at least `cut` gets 0.95, any other 0.05;
+    each window's peaks are appended to `seen`."""
+
+    class Sharp(FrozenPolicy):
+        def chances(self, n, sampled, peak, history, reproducible=False, reach=None):
+            seen.append(list(peak[:n]))
+            return [0.95 if c >= cut else 0.05 for c in peak[:n]]
+
+    return Sharp(price)
+
+
+def _peaks(probe: SpeculativePipeline, cfg: GenerationConfig) -> list[float]:
+    """The draft's peak probabilities over PROMPTS under `always` (where a sharp calibration splits them)."""
+    values: list[float] = []
+    for p in PROMPTS:
+        probe.generate(p, cfg.copy(draft_policy=ALWAYS), chat=False, on_event=lambda e: values.extend(e.peak or []))
+    return values
+
+
 def _windows(events) -> list[tuple[int, int, int]]:
     """(proposed, verified, accepted) of each closed window."""
     return [(e.window_proposed, len(e.window_drafted), e.window_accepted) for e in events
@@ -164,20 +184,10 @@ def test_each_window_is_cut_before_its_first_doubtful_candidate(dspark_trained, 
     verified up to its first doubtful candidate."""
     cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
     seen: list[list[float]] = []
-
-    class Sharp(FrozenPolicy):
-        def chances(self, n, sampled, peak, history, reproducible=False, reach=None):
-            seen.append(list(peak[:n]))
-            return [0.95 if c >= CUT else 0.05 for c in peak[:n]]
-
-    values = []
-    probe = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
-    for p in PROMPTS:
-        probe.generate(p, cfg.copy(draft_policy=ALWAYS), chat=False,
-                       on_event=lambda e: values.extend(e.peak or []))
+    values = _peaks(SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32"), cfg)
     CUT = float(np.median(values))  # half the candidates are doubtful
     pipe = SpeculativePipeline.load(tiny_qwen3_target, dspark_trained, precision="f32")
-    pipe.policy = Sharp(lambda r: 10.0 + 2.0 * r)
+    pipe.policy = _sharp(lambda r: 10.0 + 2.0 * r, CUT, seen)
     padded = pipe._target_rows(1) == 2 or pipe.target.pad_matmul_rows  # a one-row call is two rows anyway
     for p in PROMPTS:
         seen.clear()
@@ -212,24 +222,15 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
     target alone (which has none)."""
     cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
     seen: list[list[float]] = []
-
-    class Sharp(FrozenPolicy):
-        def chances(self, n, sampled, peak, history, reproducible=False, reach=None):
-            seen.append(list(peak[:n]))
-            return [0.95 if c >= CUT else 0.05 for c in peak[:n]]
-
-    values = []
     probe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32",
                                      scheduler=SchedulerConfig(window_models_mb=0))
-    assert probe.target.window_sizes == ()
-    for p in PROMPTS:
-        probe.generate(p, cfg.copy(draft_policy=ALWAYS, num_assistant_tokens=7), chat=False,
-                       on_event=lambda e: values.extend(e.peak or []))
-    CUT = float(np.quantile(values, 0.25))  # a quarter of the candidates are doubtful
+    assert probe.target.window_sizes == () and probe.describe().draft.candidates_for(ADAPTIVE) == 2  # no copy: no cut
+    CUT = float(np.quantile(_peaks(probe, cfg.copy(num_assistant_tokens=7)), 0.25))  # a quarter are doubtful
     pipe = SpeculativePipeline.load(tiny_qwen3_target, tuned_dspark, precision="f32")
     block, short = pipe.draft.info.max_candidates, pipe.draft.info.default_candidates
     assert short == 2 < block and pipe.target.window_sizes == (short + 1, block + 1)  # a tiny target: both fit
-    pipe.policy = Sharp(lambda r: 10.0 + 2.0 * r)
+    assert pipe.describe().draft.candidates_for(ADAPTIVE) == block
+    pipe.policy = _sharp(lambda r: 10.0 + 2.0 * r, CUT, seen)
     verified = []
     for p in PROMPTS:
         seen.clear()
