@@ -65,16 +65,17 @@ def _spec(tmp_path, **kw) -> BenchSpec:
     return BenchSpec(**base)
 
 
-def test_the_default_row_drafts_the_drafts_own_count_under_every_policy(tmp_path):
-    """A draft whose config says 5 of its block's 7: the row for "the draft's default" drafts what a request that
-    says nothing gets from the engine, 5, under the adaptive policy as well as `always` (not the full block)."""
+def test_the_default_row_drafts_what_the_engine_gives_an_unset_count_under_each_policy(tmp_path):
+    """A draft whose config says 5 of its block's 7, on a target with window models for the cut (the fake's): the
+    row for "the draft's default" drafts what a request that says nothing gets from the engine under its policy,
+    the block (7) under `adaptive` and the tuned 5 under `always`."""
     res = run_bench(_spec(tmp_path, num_assistant_tokens=[None, 3], draft_policies=["adaptive", "always"]),
                     loader=fake_loader(draft_default_candidates=5), machine=MACHINE)
     assert [r.config for r in res.rows] == ["target alone (this engine)", "d8 (dflash_v1) n=3 (this engine)",
                                             "d8 (dflash_v1) n=3, always (this engine)",
-                                            "d8 (dflash_v1) n=5 (this engine)",
-                                            "d8 (dflash_v1) n=5, always (this engine)"]
-    assert [r.num_assistant_tokens for r in res.rows[1:]] == [3, 3, 5, 5]
+                                            "d8 (dflash_v1) n=5, always (this engine)",
+                                            "d8 (dflash_v1) n=7 (this engine)"]
+    assert [r.num_assistant_tokens for r in res.rows[1:]] == [3, 3, 5, 7]
 
 
 def test_fake_run_rows_speedup_and_tables(tmp_path):
