@@ -699,9 +699,7 @@ class DraftPolicy:
         self.explored = True
         if not self.target.seen:
             return full
-        self.choices += 1
-        every = self.explore_every
-        if every and (self.choices - 1) % every >= every - min(self.explore_hold, every):
+        if self._exploring():
             return full
         self.explored = False
         offers = [replace(o, chances=self.survival[o.sampled](o.chances)) if o.sampled in self.survival else o
@@ -714,6 +712,13 @@ class DraftPolicy:
         return _admit(offers, fixed_rows, fixed_tokens, lambda rows: fixed_ms + self.target.estimate(rows)
                       + (switch if self.changes(rows) else 0.0))
 
+    def _exploring(self) -> bool:
+        """Count a choice; whether it is one of the last `explore_hold` of every `explore_every`, which verify
+        everything to measure the larger row counts."""
+        self.choices += 1
+        every = self.explore_every
+        return bool(every) and (self.choices - 1) % every >= every - min(self.explore_hold, every)
+
     def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
         """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short` (the
         draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring). A
@@ -723,19 +728,17 @@ class DraftPolicy:
         counts then reshapes the one compiled model). With one, the long window never reshapes and the short one
         does only after a call of another size (a prompt chunk), a change the main model pays once whichever
         step makes it: charged to one window, it kept a request on the long count after its prompt
-        (docs/benchmarks.md, issue 25). Past the tuned count only windows the cut verified whole were seen, a sample chosen for being
-        sure (their earlier candidates too), so what was learned there would make every window's later
-        candidates look likelier than they are: the caller reads a candidate past the tuned count through the
-        calibration of the last position every window reaches (`chances(reach=short)`), and the survival scale
-        applies up to the tuned count only. Everything while the target's cost is unknown and on the policy's
-        exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
+        (docs/benchmarks.md, issue 25). Past the tuned count only windows the cut verified whole were seen, a
+        sample chosen for being sure (their earlier candidates too), so what was learned there would make every
+        window's later candidates look likelier than they are: the caller reads a candidate past the tuned count
+        through the calibration of the last position every window reaches (`chances(reach=short)`), and the
+        survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
+        the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
         full = len(chances)
         self.explored = True
         if full <= short or not self.target.seen:
             return full
-        self.choices += 1
-        every = self.explore_every
-        if every and (self.choices - 1) % every >= every - min(self.explore_hold, every):
+        if self._exploring():
             self.cut_rows = full + 1
             return full
         self.explored = False

@@ -258,6 +258,10 @@ class SpeculativePipeline:
         info = self.draft.info
         return info.max_candidates if getattr(self.target, "window_sizes", ()) else info.default_candidates
 
+    def _unset_count(self, policy: str) -> int:
+        """Candidates per step a request under `policy` drafts when it does not say (draft_policy.default_count)."""
+        return default_count(policy, self.draft.info.default_candidates, self._cut_block)
+
     # ---- requests ---------------------------------------------------------------------------
     def describe(self) -> EngineDescription:
         info = self.draft.info if self.draft else None
@@ -318,8 +322,7 @@ class SpeculativePipeline:
         check_fits_context(prompt_tokens, max_new_tokens, self.context_length, self.target_name)
         blocks = self.target.blocks
         if candidates is None and self.draft is not None:  # what a request that does not say drafts
-            info = self.draft.info
-            candidates = default_count(self.scheduler.draft_policy, info.default_candidates, self._cut_block)
+            candidates = self._unset_count(self.scheduler.draft_policy)
         extra = (candidates or 0) + 1  # the last window's rows
         need = blocks.blocks_for(prompt_tokens + max_new_tokens + extra)
         if need <= blocks.num_blocks:
@@ -352,6 +355,8 @@ class SpeculativePipeline:
         req = _Request(rid, ids, config, n, top_k, IncrementalDetokenizer(self.tokenizer), metrics,
                        time.perf_counter(), policy=policy, prompt_text=text, spans=spans,
                        short=min(n, self.draft.info.default_candidates) if self.draft is not None else 0)
+        if req.reproducible and policy == ADAPTIVE:  # its count must not depend on the batch: its tuned count
+            req.cap = req.short
         if needs_logits(config):
             stops = set(config.stop_token_ids) | (set() if config.ignore_eos else self.tokenizer.eos_token_ids)
             req.processor = LogitsProcessor(config, self.target.vocab_size, ids, stops)
@@ -372,7 +377,7 @@ class SpeculativePipeline:
         if self.draft is None:
             return 0, 0
         info = self.draft.info
-        n = config.num_assistant_tokens or default_count(policy, info.default_candidates, self._cut_block)
+        n = config.num_assistant_tokens or self._unset_count(policy)
         if n > info.max_candidates:
             raise ValueError(f"num_assistant_tokens={n} is more than draft {info.name} proposes per block: use "
                              f"1..{info.max_candidates} (its block size is {info.block_size}).")
@@ -518,9 +523,6 @@ class SpeculativePipeline:
         if len(live) == 1 and opening and self._cut_runs(opening[0]):
             opening[0].cap = None  # the cut: the whole count, verified short or whole (engine/draft_policy.py)
             return
-        for r in live:  # a seeded request's count must not depend on the batch: always its tuned count
-            if r.reproducible and r.policy == ADAPTIVE:
-                r.cap = r.short
         cap = self.policy.draft_cap() if opening else None
         if len(live) > 1 and opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
             # a step of decodes only whose every new window is the policy's: does its draft call pay at all? (One
