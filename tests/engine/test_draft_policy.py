@@ -343,7 +343,6 @@ def test_the_cut_verifies_the_tuned_count_or_the_whole_block_whichever_pays() ->
     assert mid.choose_cut(leaning, 3, 3.0) == 8
     mid.last_rows, mid.own_models = 4, frozenset({9})  # the long window on a compiled model of its own
     assert mid.choose_cut(leaning, 3, 3.0) == 8  # no change of shape to pay for
-    doubtful = [0.9, 0.9, 0.9] + [0.3] * 5
     mid.switch_cost, mid.last_rows, mid.main_rows = 30.0, 40, 40  # a prompt chunk left the main model at 40 rows
     assert mid.choose_cut(doubtful, 3, 3.0) == 3  # the main model pays that change once, whichever step makes it
     mid.own_models, mid.last_rows, mid.main_rows = frozenset(), 9, 9  # one compiled model: every change reshapes it
