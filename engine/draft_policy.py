@@ -66,7 +66,10 @@ survivals never reaches past a window's first unverified candidate, so sampled o
 One greedy request alone in its steps is cut differently (`choose_cut`): it drafts its whole block (the
 request's count; under `adaptive` a request that does not say drafts the draft's block where the target has
 window models, `default_count`) and verifies either the draft's tuned count or all of it, whichever gives more
-expected tokens per ms, each priced by what the target's calls of that size cost lately. Two counts make two
+expected tokens per ms, each priced by what the target's calls of that size cost lately. Whether it drafts the
+block at all is chosen before the draft call (`drafts_block`, the cut's gate): only after a window that accepted
+at least the tuned count, and only while the cut's recent long choices saved more time than the long draft
+costs over the short one; otherwise it drafts the tuned count, which the admission above verifies. Two counts make two
 call sizes, and the paged target runs each on a compiled model of its own (engine/models/paged_target.py,
 window models, within a memory budget), so a change between them costs about a row where on one compiled model
 it costs four; a per-window choice among every count gained little more in a replay of logged windows and
@@ -541,14 +544,21 @@ class DraftPolicy:
     # rows the last cut chose (0: the last choice was not a cut)
     cut_steps: dict[int, deque[float]] = field(default_factory=dict)
     cut_rows: int = 0
+    # the cut's gate (`drafts_block`): per recent cut, the ms its choice saved against verifying the tuned count at
+    # that count's rate (0 where it chose the tuned count); the draft stage's ms by the step's drafted count
+    cut_gains: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    drafts_by_count: dict[int, deque[float]] = field(default_factory=dict)
+    explore_gate_every: int = 8
+    gate_closed: int = 0
 
     # ---- what happened ------------------------------------------------------------------------
     def observe_step(self, rows: int, target_ms: float, host_ms: float, draft_ms: float = 0.0,
-                     plain: bool = False) -> None:
+                     plain: bool = False, drafted: int = 0) -> None:
         """A step's target inference over `rows` rows (as the target runs them), its draft stage (0: it drafted
-        nothing), and what the step spent besides its inferences. `plain`: a step of one-row decodes only (what a
-        step that skips its draft call runs), kept apart by rows: the cost table's price of as many rows comes from
-        windows of one request too, whose attention reads one context where these read one per request."""
+        nothing) and the most candidates a window drafted in it, and what the step spent besides its inferences.
+        `plain`: a step of one-row decodes only (what a step that skips its draft call runs), kept apart by rows: the
+        cost table's price of as many rows comes from windows of one request too, whose attention reads one context
+        where these read one per request."""
         switched = self.changes(rows)
         if plain and not switched:
             self.plain.setdefault(rows, deque(maxlen=8)).append(target_ms)
@@ -568,6 +578,8 @@ class DraftPolicy:
             self.host.append(host_ms)
         if draft_ms > 0:
             self.drafting.append(draft_ms)
+            if drafted > 0:
+                self.drafts_by_count.setdefault(drafted, deque(maxlen=16)).append(draft_ms)
 
     def observe_window(self, sampled: bool, verified: int, accepted: int, peak: list[float] | None,
                        predicted: list[float] | None = None) -> None:
@@ -618,10 +630,13 @@ class DraftPolicy:
     def host_ms(self) -> float:
         return median(self.host) if self.host else 0.0
 
-    def fixed_ms(self, draft_ms: float) -> float:
-        """What a drafting step costs besides the target: the draft stage (the median of the last ones, so one
-        slow call does not swing the choice; this step's own before any) and the host."""
-        return (median(self.drafting) if self.drafting else draft_ms) + self.host_ms()
+    def fixed_ms(self, draft_ms: float, drafted: int = 0) -> float:
+        """What a drafting step costs besides the target: the draft stage (the median of the last ones that drafted
+        as many candidates where known, so one slow call does not swing the choice; this step's own before any) and
+        the host."""
+        same = self.drafts_by_count.get(drafted, ())
+        recent = same if len(same) >= 3 else self.drafting
+        return (median(recent) if recent else draft_ms) + self.host_ms()
 
     # ---- the choice ---------------------------------------------------------------------------
     def draft_pays(self, base_rows: int, tokens: float) -> bool:
@@ -719,6 +734,25 @@ class DraftPolicy:
         every = self.explore_every
         return bool(every) and (self.choices - 1) % every >= every - min(self.explore_hold, every)
 
+    def drafts_block(self, last_accepted: int, short: int, block: int) -> bool:
+        """The cut's gate, chosen before the draft call: whether one greedy request alone drafts its whole `block`
+        this step (then `choose_cut` verifies the tuned count or all of it) or only the tuned count `short`. The
+        long draft costs its extra rows whatever the cut then verifies, and it pays only where the cut goes long,
+        which follows windows that accepted at least the tuned count (acceptances run together). So: the tuned
+        count after a window rejected earlier; otherwise the block where the cut's recent long choices were worth
+        more than the long draft's extra time (`cut_gains` against the draft stage's ms by drafted count), which on
+        a CPU whose rows are dear they are not; the block until both are measured, and every
+        `explore_gate_every`-th time it is not (so the gains stay fresh)."""
+        if 0 <= last_accepted < short:
+            return False
+        longs, shorts = self.drafts_by_count.get(block, ()), self.drafts_by_count.get(short, ())
+        if len(self.cut_gains) < 8 or len(longs) < 3 or len(shorts) < 3:
+            return True
+        if sum(self.cut_gains) / len(self.cut_gains) > median(longs) - median(shorts):
+            return True
+        self.gate_closed += 1
+        return bool(self.explore_gate_every) and self.gate_closed % self.explore_gate_every == 0
+
     def choose_cut(self, chances: list[float], short: int, fixed_ms: float) -> int:
         """How many candidates of one greedy window alone in its step, drafted long, the target verifies: `short` (the
         draft's tuned count) or all of them, whichever gives more expected tokens per ms (module docstring). A
@@ -733,10 +767,15 @@ class DraftPolicy:
         window's later candidates look likelier than they are: the caller reads a candidate past the tuned count
         through the calibration of the last position every window reaches (`chances(reach=short)`), and the
         survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
-        the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it)."""
+        the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it), and a
+        window the gate drafted short (`drafts_block`): cut further, on the main compiled model, it verified less
+        than the tuned count where it paid less (docs/benchmarks.md, issue 25)."""
         full = len(chances)
         self.explored = True
-        if full <= short or not self.target.seen:
+        if full <= short:  # the gate drafted the tuned count: verified whole, priced as the cut's short window
+            self.cut_rows = full + 1
+            return full
+        if not self.target.seen:
             return full
         if self._exploring():
             self.cut_rows = full + 1
@@ -746,15 +785,17 @@ class DraftPolicy:
         offer = Offer(0, (scale(chances[:short]) if scale else chances[:short]) + chances[short:], sampled=False)
         self._remember([offer])
         gains = list(accumulate(survivals(offer.chances)))
-        best, best_rate = full, -1.0
+        tokens, ms = {}, {}
         for m in (short, full):
             rows = m + 1
             steps = self.cut_steps.get(rows, ())
-            ms = fixed_ms + (_low(steps) if len(steps) >= 3 else self.target.estimate(rows))
-            ms += self.switch_cost if self.changes(rows) and not self.own_models else 0.0
-            rate = (1.0 + gains[m - 1]) / ms if ms > 0 else 0.0
-            if rate > best_rate:
-                best, best_rate = m, rate
+            ms[m] = fixed_ms + (_low(steps) if len(steps) >= 3 else self.target.estimate(rows))
+            ms[m] += self.switch_cost if self.changes(rows) and not self.own_models else 0.0
+            tokens[m] = 1.0 + gains[m - 1]
+        # the ms the long window saves against making its tokens at the tuned count's rate (what the gate weighs)
+        saved = tokens[full] * ms[short] / tokens[short] - ms[full]
+        self.cut_gains.append(max(0.0, saved))
+        best = full if saved > 0 else short
         self.cut_rows = best + 1
         return best
 

@@ -74,6 +74,7 @@ class _Request:
     policy: str = ALWAYS  # how much of a drafted window the target verifies (engine/draft_policy.py)
     cap: int | None = None  # the draft policy's most candidates for the next window (None: num_candidates)
     short: int = 0  # adaptive: the draft's tuned count (at most num_candidates), drafted where the cut does not run
+    last_accepted: int = -1  # candidates its last closed window accepted (-1: none closed yet); the cut's gate
     steps: int = 0  # events emitted (0: the one with the first token)
     anchor: int = -1  # the newest token: emitted, not yet in the KV cache
     feed: list[int] = field(default_factory=list)  # tokens to compute into the KV cache (prompt or recompute)
@@ -507,8 +508,9 @@ class SpeculativePipeline:
         if self.policy is not None:
             host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
             plain = not drafted_now and all(r.decoding and rows == 1 for r, rows in plan)
+            drafted = max((r.window_proposed for r, _ in plan if r.id in drafted_now), default=0)
             self.policy.observe_step(self.target.call_size(chunks), timings.target_ms, host_ms, timings.draft_step_ms,
-                                     plain)
+                                     plain, drafted)
         return events
 
     def _target_rows(self, rows: int) -> int:
@@ -521,7 +523,8 @@ class SpeculativePipeline:
         live = self._running[: self.scheduler.max_num_seqs]
         opening = [r for r in live if r.decoding and r.window is None and r.policy == ADAPTIVE and not r.reproducible]
         if len(live) == 1 and opening and self._cut_runs(opening[0]):
-            opening[0].cap = None  # the cut: the whole count, verified short or whole (engine/draft_policy.py)
+            req = opening[0]  # the cut: the whole count, verified short or whole, where its gate opens
+            req.cap = None if self.policy.drafts_block(req.last_accepted, req.short, req.num_candidates) else req.short
             return
         cap = self.policy.draft_cap() if opening else None
         if len(live) > 1 and opening and all(r.decoding and (r.window is not None or r in opening) for r in live):
@@ -570,9 +573,9 @@ class SpeculativePipeline:
             return
         if len(offers) == 1 and not fixed_rows and getattr(self.target, "pad_matmul_rows", False):
             offers[0][1].padded = True  # a call of one row gets a dummy row: its first candidate is free
-        fixed_ms = self.policy.fixed_ms(draft_ms)
+        fixed_ms = self.policy.fixed_ms(draft_ms, max(len(o.chances) for _, o in offers))
         alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
-        if alone is not None and self._cut_runs(alone) and len(offers[0][1].chances) > alone.short:
+        if alone is not None and self._cut_runs(alone):  # drafted the tuned count (the gate closed): all of it
             verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
         else:
             verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
@@ -775,6 +778,8 @@ class SpeculativePipeline:
                 event.window_drafted = window[1:] if done else window[1: pos + 1 + len(seg)]
                 event.window_accepted = req.window_accepted
                 req.metrics.split_windows += int(req.window_steps > 1)
+                if done:
+                    req.last_accepted = req.window_accepted
                 if done and self.policy is not None:
                     verified = len(window) - 1
                     self.policy.observe_window(req.config.do_sample, verified, req.window_accepted,

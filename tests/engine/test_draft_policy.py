@@ -381,6 +381,29 @@ def test_the_cut_prices_each_count_by_the_targets_recent_calls_of_its_size() -> 
     assert p.cut_rows == 4
 
 
+def test_the_cut_drafts_the_block_only_after_a_window_that_accepted_the_tuned_count_and_where_it_pays() -> None:
+    """The gate before the draft call: the tuned count after a window rejected before it; the block after one that
+    accepted it (or before any) while the cut's long choices save more ms than the long draft costs over the
+    short one, and not once they save less, but every `explore_gate_every`-th time still (to measure again)."""
+    p = _policy(lambda r: 10.0 + 1.0 * r)
+    assert p.drafts_block(-1, 3, 8) and p.drafts_block(3, 3, 8) and p.drafts_block(8, 3, 8)
+    assert not p.drafts_block(2, 3, 8) and not p.drafts_block(0, 3, 8)
+    for _ in range(4):  # the draft stage by drafted count: the block 4 ms dearer than the tuned count
+        p.observe_step(4, 14.0, 0.5, 3.0, drafted=3)
+        p.observe_step(9, 19.0, 0.5, 7.0, drafted=8)
+    assert p.fixed_ms(0.0, 8) == pytest.approx(7.5) and p.fixed_ms(0.0, 3) == pytest.approx(3.5)
+    confident, doubtful = [0.95] * 8, [0.9, 0.9, 0.9] + [0.3] * 5
+    for _ in range(8):
+        assert p.choose_cut(doubtful, 3, p.fixed_ms(0.0, 8)) == 3  # the long draft's extra rows bought nothing
+    assert set(p.cut_gains) == {0.0}
+    gates = [p.drafts_block(3, 3, 8) for _ in range(16)]
+    assert gates.count(True) == 16 // p.explore_gate_every and not any(gates[: p.explore_gate_every - 1])
+    for _ in range(32):
+        assert p.choose_cut(confident, 3, p.fixed_ms(0.0, 8)) == 8
+    assert min(p.cut_gains) > 4.0  # each long window saved more than the long draft's extra 4 ms
+    assert all(p.drafts_block(3, 3, 8) for _ in range(16)) and not p.drafts_block(1, 3, 8)
+
+
 def test_an_adaptive_request_that_does_not_say_drafts_the_block_and_always_the_tuned_count() -> None:
     assert default_count(ADAPTIVE, 3, 8) == 8 and default_count(ALWAYS, 3, 8) == 3
 

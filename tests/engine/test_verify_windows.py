@@ -67,7 +67,7 @@ class FrozenPolicy(DraftPolicy):
     def choose(self, offers, fixed_rows, fixed_tokens, fixed_ms):
         return super().choose(offers, fixed_rows, fixed_tokens, self.fixed)
 
-    def observe_step(self, rows, target_ms, host_ms, draft_ms=0.0, plain=False):
+    def observe_step(self, rows, target_ms, host_ms, draft_ms=0.0, plain=False, drafted=0):
         pass  # costs frozen: nor does a change of row count cost anything here
 
     def observe_window(self, sampled, verified, accepted, peak, predicted=None):
@@ -215,10 +215,11 @@ def tuned_dspark(dspark_trained: Path, tmp_path_factory) -> Path:
 
 def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_window_models(
         tuned_dspark, alone, tiny_qwen3_target) -> None:
-    """The cut: alone in its steps, a greedy `adaptive` request that does not say drafts the whole block and the
-    target verifies the tuned count or all of it. With sharp chances (confident 0.95, doubtful 0.05) on frozen
-    costs, a window confident all the way is verified whole and one whose first candidate is doubtful only to
-    the tuned count; every window ran on the compiled copy made for its size, and every request equals the
+    """The cut: alone in its steps, a greedy `adaptive` request that does not say drafts the whole block after a
+    window that accepted at least the tuned count (its gate), the tuned count after one rejected earlier, and the
+    target verifies the tuned count or all of the block. With sharp chances (confident 0.95, doubtful 0.05) on
+    frozen costs, a window confident all the way is verified whole and one whose first candidate is doubtful only
+    to the tuned count; every window ran on the compiled copy made for its size, and every request equals the
     target alone (which has none)."""
     cfg = GREEDY.copy(markov_head_top_k=8, max_new_tokens=40)
     seen: list[list[float]] = []
@@ -239,7 +240,11 @@ def test_one_greedy_request_verifies_the_tuned_count_or_the_whole_block_on_windo
         assert res.token_ids == alone.generate(p, cfg, chat=False).token_ids
         opened = [e for e in events if e.window_proposed]
         assert len(opened) == len(seen)
-        for e, conf in zip(opened, seen):
+        closed = [e.window_accepted for e in events if e.window_drafted is not None]
+        for i, (e, conf) in enumerate(zip(opened, seen)):
+            if i and closed[i - 1] < short:  # the gate: rejected before the tuned count, the next drafts only that
+                assert e.window_proposed <= short and len(e.drafted) == e.window_proposed, (closed[i - 1], conf)
+                continue
             if len(conf) < block:  # the last window, cut short by max_new_tokens
                 continue
             assert e.window_proposed == block and len(e.drafted) in (short, block)
