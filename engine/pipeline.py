@@ -575,7 +575,7 @@ class SpeculativePipeline:
             offers[0][1].padded = True  # a call of one row gets a dummy row: its first candidate is free
         fixed_ms = self.policy.fixed_ms(draft_ms, max(len(o.chances) for _, o in offers))
         alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
-        if alone is not None and self._cut_runs(alone):  # drafted the tuned count (the gate closed): all of it
+        if alone is not None and self._cut_runs(alone):  # the cut (a window its gate drafted short: verified whole)
             verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
         else:
             verify = self.policy.choose([o for _, o in offers], fixed_rows, fixed_tokens, fixed_ms)
