@@ -69,8 +69,8 @@ window models, `default_count`) and verifies either the draft's tuned count or a
 expected tokens per ms, each priced by what the target's calls of that size cost lately. Whether it drafts the
 block at all is chosen before the draft call (`drafts_block`, the cut's gate): only after a window that accepted
 at least the tuned count, and only while the cut's recent long choices saved more time than the long draft
-costs over the short one; otherwise it drafts the tuned count, which the admission above verifies. Two counts make two
-call sizes, and the paged target runs each on a compiled model of its own (engine/models/paged_target.py,
+costs over the short one; otherwise it drafts the tuned count, which the target verifies whole. Two counts
+make two call sizes, and the paged target runs each on a compiled model of its own (engine/models/paged_target.py,
 window models, within a memory budget), so a change between them costs about a row where on one compiled model
 it costs four; a per-window choice among every count gained little more in a replay of logged windows and
 makes many sizes (docs/benchmarks.md, issue 25). It reads this window's chances at positions past the tuned
@@ -768,8 +768,8 @@ class DraftPolicy:
         through the calibration of the last position every window reaches (`chances(reach=short)`), and the
         survival scale applies up to the tuned count only. Everything while the target's cost is unknown and on
         the policy's exploring choices (so the long count's price stays fresh where the cut seldom takes it), and a
-        window the gate drafted short (`drafts_block`): cut further, on the main compiled model, it verified less
-        than the tuned count where it paid less (docs/benchmarks.md, issue 25)."""
+        window the gate drafted short (`drafts_block`): cut further by the admission, on the main compiled model,
+        such windows ran slower than verified whole (docs/benchmarks.md, issue 25)."""
         full = len(chances)
         self.explored = True
         if full <= short:  # the gate drafted the tuned count: verified whole, priced as the cut's short window
