@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBo
 
 from app import settings as S
 from engine.config import MAX_ASSISTANT_TOKENS, GenerationConfig
-from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES
+from engine.draft_policy import ADAPTIVE, ALWAYS, DEFAULT_POLICY, POLICIES, default_count
 from engine.generation_defaults import DecodingDefaults
 
 # Settings that make up "the decoding": editing one of them is the person's own choice.
@@ -309,7 +309,7 @@ class GenerationPanel(QGroupBox):
         if not self._draft_loaded:
             self.num_assistant.setSpecialValueText("draft's default")
             return
-        count = self._cut_candidates if self.policy_name == ADAPTIVE else self._default_candidates
+        count = default_count(self.policy_name, self._default_candidates, self._cut_candidates)
         if count:
             text = f"draft's default ({count})"
         else:

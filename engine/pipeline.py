@@ -471,8 +471,10 @@ class SpeculativePipeline:
             return events
         timings = StepTimings()
         drafted_now = self._draft(plan, timings, stats)
+        # the most candidates a window drafted in this step: what the draft stage's time is filed and priced under
+        drafted = max((r.window_proposed for r, _ in plan if r.id in drafted_now), default=0)
         if drafted_now and self.policy is not None:
-            self._choose_windows(plan, drafted_now, timings.draft_step_ms)
+            self._choose_windows(plan, drafted_now, timings.draft_step_ms, drafted)
         plan = [(r, min(rows, len(r.window) - r.window_pos) if r.decoding else rows) for r, rows in plan]
         chunks = []
         for req, rows in plan:
@@ -508,7 +510,6 @@ class SpeculativePipeline:
         if self.policy is not None:
             host_ms = (time.perf_counter() - t0) * 1e3 - timings.target_ms - timings.draft_step_ms
             plain = not drafted_now and all(r.decoding and rows == 1 for r, rows in plan)
-            drafted = max((r.window_proposed for r, _ in plan if r.id in drafted_now), default=0)
             self.policy.observe_step(self.target.call_size(chunks), timings.target_ms, host_ms, timings.draft_step_ms,
                                      plain, drafted)
         return events
@@ -542,10 +543,12 @@ class SpeculativePipeline:
         the tuned count."""
         return req.policy == ADAPTIVE and not req.config.do_sample and req.num_candidates > req.short
 
-    def _choose_windows(self, plan: list[tuple[_Request, int]], drafted_now: set[int], draft_ms: float) -> None:
+    def _choose_windows(self, plan: list[tuple[_Request, int]], drafted_now: set[int], draft_ms: float,
+                        drafted: int) -> None:
         """How far the target verifies each window drafted in this step (engine/draft_policy.py): the
         adaptive requests' windows are cut to the candidates that pay for their rows, before the verify call
-        and from what is known before it (the candidates' confidences or the request's acceptance so far)."""
+        and from what is known before it (the candidates' confidences or the request's acceptance so far).
+        `drafted`: the most candidates a window drafted in this step (the draft stage's price is looked up by it)."""
         offers: list[tuple[_Request, Offer]] = []
         fixed_rows, fixed_tokens = 0, 0.0
         padded = self._target_rows(1) == 2
@@ -573,7 +576,7 @@ class SpeculativePipeline:
             return
         if len(offers) == 1 and not fixed_rows and getattr(self.target, "pad_matmul_rows", False):
             offers[0][1].padded = True  # a call of one row gets a dummy row: its first candidate is free
-        fixed_ms = self.policy.fixed_ms(draft_ms, max(len(o.chances) for _, o in offers))
+        fixed_ms = self.policy.fixed_ms(draft_ms, drafted)
         alone = offers[0][0] if len(offers) == 1 and not fixed_rows else None
         if alone is not None and self._cut_runs(alone):  # the cut (a window its gate drafted short: verified whole)
             verify = [self.policy.choose_cut(offers[0][1].chances, alone.short, fixed_ms)]
@@ -780,11 +783,11 @@ class SpeculativePipeline:
                 req.metrics.split_windows += int(req.window_steps > 1)
                 if done:
                     req.last_accepted = req.window_accepted
-                if done and self.policy is not None:
-                    verified = len(window) - 1
-                    self.policy.observe_window(req.config.do_sample, verified, req.window_accepted,
-                                               req.peak[:verified] or None,
-                                               req.window_chances[:verified] if req.window_chances else None)
+                    if self.policy is not None:
+                        verified = len(window) - 1
+                        self.policy.observe_window(req.config.do_sample, verified, req.window_accepted,
+                                                   req.peak[:verified] or None,
+                                                   req.window_chances[:verified] if req.window_chances else None)
             req.window = None
         return event
 
